@@ -14,7 +14,8 @@ Rows:
 * truncation on ``[64, 49152]`` logits: top-k 50 then top-p 0.9, and top-p 0.9 alone, ours
   against Hugging Face's warpers, after checking that both keep the same tokens (chapter 2);
 * the decoding loop: ``ll.generate`` against Hugging Face ``generate``, 128 new tokens, greedy
-  and sampled, as a tokens-per-second ratio; decoding with against without the KV cache
+  and sampled, as a tokens-per-second ratio (the two loops run alternately, so both see the
+  same machine load); decoding with against without the KV cache
   (chapter 3).
 """
 
@@ -45,6 +46,25 @@ def median_time(fn, repeat: int = 7, warmup: int = 2) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def interleaved_median_times(fns, repeat: int = 7, warmup: int = 1) -> list[float]:
+    """Median wall time of each function in ``fns``, running them in turn: A, B, A, B, ...
+
+    For long runs (seconds each) on a shared machine, the load drifts between the first and the
+    last repetition; alternating the contenders exposes both to the same drift, so their ratio
+    is fair even when the absolute times are not.
+    """
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    times = [[] for _ in fns]
+    for _ in range(repeat):
+        for fn, ts in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - start)
+    return [statistics.median(ts) for ts in times]
 
 
 class Table:
@@ -133,29 +153,32 @@ def bench_sampling(table: Table, model, tokenizer, batch: int = 64) -> None:
 
 
 @torch.inference_mode()
-def bench_generate(table: Table, model, tokenizer, new_tokens: int = 128) -> None:
+def bench_generate(table: Table, model, tokenizer, new_tokens: int = 128, repeat: int = 5) -> None:
     from transformers import GenerationConfig
 
     ids = tokenizer("Write a short story about a lighthouse keeper.", return_tensors="pt").input_ids
     settings = {"greedy": dict(temperature=0), "sampled T=0.7 top-p 0.9": dict(temperature=0.7, top_p=0.9)}
     for label, kwargs in settings.items():
+        # Both loops do the same work: exactly new_tokens tokens, EOS forbidden until then.
         do_sample = kwargs["temperature"] > 0
         hf_config = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=do_sample,
                                      temperature=kwargs["temperature"] or None, top_p=kwargs.get("top_p"),
-                                     top_k=None, eos_token_id=None, pad_token_id=0)
+                                     top_k=None, pad_token_id=model.generation_config.eos_token_id)
+        results = {}
 
         def ours():
-            out = generate(model, ids, max_new_tokens=new_tokens, eos_token_id=[], **kwargs,
-                           generator=torch.Generator().manual_seed(0))
-            assert len(out.new_tokens[0]) == new_tokens
+            results["ours"] = generate(model, ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kwargs,
+                                       generator=torch.Generator().manual_seed(0)).new_tokens[0]
 
         def theirs():
             torch.manual_seed(0)
-            out = model.generate(ids, generation_config=hf_config)
-            assert out.shape[1] - ids.shape[1] == new_tokens
+            results["theirs"] = model.generate(ids, generation_config=hf_config)[0, ids.shape[1]:]
 
-        hf_t = median_time(theirs, repeat=3, warmup=1)
-        t = median_time(ours, repeat=3, warmup=1)
+        hf_t, t = interleaved_median_times([theirs, ours], repeat=repeat)
+        if len(results["ours"]) != new_tokens or len(results["theirs"]) != new_tokens:
+            raise AssertionError(f"{label}: a loop did not produce {new_tokens} tokens")
+        if not do_sample and not torch.equal(results["ours"], results["theirs"]):
+            raise AssertionError("greedy: ll.generate and Hugging Face chose different tokens")
         table.add(f"Hugging Face generate, {label}, {new_tokens} tokens", hf_t)
         table.add(f"ll.generate, {label}, {new_tokens} tokens", t, hf_t / t, "Hugging Face's tokens/s")
 
@@ -167,9 +190,10 @@ def bench_generate(table: Table, model, tokenizer, new_tokens: int = 128) -> Non
         for _ in range(short):
             seq = torch.cat([seq, model(seq).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
 
-    without = median_time(no_cache, repeat=3, warmup=1)
-    with_cache = median_time(lambda: generate(model, ids, max_new_tokens=short, temperature=0, eos_token_id=[]),
-                             repeat=3, warmup=1)
+    def with_cache():
+        generate(model, ids, max_new_tokens=short, temperature=0, eos_token_id=[])
+
+    without, with_cache = interleaved_median_times([no_cache, with_cache], repeat=3)
     table.add(f"greedy, {short} tokens, no KV cache (whole sequence every step)", without)
     table.add(f"ll.generate greedy, {short} tokens, with the KV cache", with_cache, without / with_cache,
               "faster than without the cache")
