@@ -13,6 +13,8 @@ from .models import device, load, next_token_logits, toy_bigram, toy_model
 from .probs import apply_temperature, entropy, kl, log_softmax, softmax, tv_distance
 from .generate import GenerationResult, generate
 from .sampling import SamplingConfig, greedy, gumbel_max, next_token, sample
+from .beam import BeamSearchResult, beam_search
+from .best_of_n import BestOfN, best_of_n
 
 __version__ = "0.1.0"
 
@@ -23,6 +25,10 @@ __all__ = [
     "processors",
     "viz",
     "apply_temperature",
+    "beam_search",
+    "best_of_n",
+    "BeamSearchResult",
+    "BestOfN",
     "device",
     "entropy",
     "GenerationResult",
