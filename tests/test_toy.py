@@ -76,3 +76,47 @@ def test_bad_inputs_raise():
         ll.toy_model(order=0)
     with pytest.raises(ValueError, match="table"):
         NGramLM(torch.zeros(4, 4))
+
+
+def test_a_4d_mask_and_positions_choose_each_querys_context():
+    """Order 3: each query's context is its last two visible tokens, ordered by position."""
+    model = ll.toy_model(vocab_size=6, order=3, seed=2)
+    out = model(torch.tensor([[1, 2]]))  # a prompt of two tokens, positions 0 and 1
+    # Two siblings after the prompt (tokens 3 and 4, both at position 2), then a child of the
+    # second (token 5, position 3), which must not see its uncle 3.
+    allowed = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]], dtype=torch.bool)[None, None]
+    additive = torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
+    for mask in (allowed, additive):
+        step = model(torch.tensor([[3, 4, 5]]), attention_mask=mask, position_ids=torch.tensor([[2, 2, 3]]),
+                     past_key_values=out.past_key_values)
+        t = model.table
+        assert torch.equal(step.logits[0], torch.stack([t[2, 3], t[2, 4], t[4, 5]]))
+        assert step.past_key_values.get_seq_length() == 5
+    # Positions, not the order in the sequence, say which visible token is the most recent.
+    swapped = model(torch.tensor([[1, 2]]), attention_mask=torch.ones(1, 1, 2, 2, dtype=torch.bool),
+                    position_ids=torch.tensor([[1, 0]]))
+    assert torch.equal(swapped.logits[0, 1], model.table[2, 1])
+    with pytest.raises(ValueError, match="attention_mask"):
+        model(torch.tensor([[3]]), attention_mask=torch.ones(1, 1, 1, 2), past_key_values=out.past_key_values)
+    with pytest.raises(ValueError, match="attention_mask"):
+        model(torch.tensor([[3]]), attention_mask=torch.full((1, 1, 1, 3), 0.5), past_key_values=out.past_key_values)
+    with pytest.raises(ValueError, match="position_ids"):
+        model(torch.tensor([[3]]), position_ids=torch.tensor([[1, 2]]))
+
+
+def test_cache_keeps_the_whole_sequence_history_and_crop():
+    model = ll.toy_model(vocab_size=6, order=3, seed=2)
+    cache = model(torch.tensor([[1], [4]])).past_key_values
+    assert cache.history.tolist() == [[-1, 1], [-1, 4]]  # the last order - 1 tokens, -1 before the start
+    cache = model(torch.tensor([[2, 3, 5], [0, 0, 1]]), past_key_values=cache).past_key_values
+    assert cache.history.tolist() == [[3, 5], [0, 1]] and cache.get_seq_length() == 4
+    cache.crop(-2)  # drop the last two tokens, as DynamicCache.crop(-2)
+    assert cache.history.tolist() == [[1, 2], [4, 0]] and cache.get_seq_length() == 2
+    step = model(torch.tensor([[5], [5]]), past_key_values=cache)
+    assert torch.equal(step.logits, model(torch.tensor([[1, 2, 5], [4, 0, 5]])).logits[:, -1:])
+    cache.batch_select_indices(torch.tensor([1]))
+    cache.batch_repeat_interleave(3)
+    assert cache.tokens.tolist() == [[4, 0]] * 3
+    for bad in (1, -3, 0.5):
+        with pytest.raises(ValueError, match="tokens_to_remove"):
+            cache.crop(bad)

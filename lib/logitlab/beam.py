@@ -54,7 +54,8 @@ class Hypothesis:
 class BeamStep:
     """The beams after one step, for looking at how the search grows (``result.history``)."""
 
-    beams: torch.Tensor  # [batch, num_beams, step + 1] the running beams' new tokens
+    beams: torch.Tensor  # [batch, num_beams, step + 1] the running beams' new tokens (at the
+    #                      last step, when every extension ends: the num_beams best extensions)
     scores: torch.Tensor  # [batch, num_beams] their total log-probabilities
     parents: torch.Tensor  # [batch, num_beams] which beam of the previous step each extends
     finished: list[list[tuple[torch.Tensor, float]]]  # per prompt: (tokens, score) stored this step
@@ -170,7 +171,11 @@ def beam_search(
         stored = torch.cat([stored, candidates], dim=1)[rows, merged]
         stored_scores = torch.cat([stored_scores, scores], dim=1)[rows, merged]
         stored_full = torch.cat([stored_full, new], dim=1)[rows, merged]
-        history.append(BeamStep(running[:, :, : step + 1].clone(), running_scores.clone(), parents.clone(),
+        # When every extension ends (the last step) there are no running beams to show: the
+        # history shows the nb best extensions, which all became hypotheses.
+        shown = (candidates[:, :nb], top_scores[:, :nb], parent[:, :nb]) if bool(ends.all()) else \
+            (running, running_scores, parents)
+        history.append(BeamStep(shown[0][:, :, : step + 1].clone(), shown[1].clone(), shown[2].clone(),
                                 _newly_stored(stored, stored_scores, merged, nb, step)))
 
         # 4. Stop, or feed each beam's last token, with the cache rows following the beams.

@@ -13,6 +13,9 @@ Rows:
   against Hugging Face's temperature warper + softmax + ``torch.multinomial`` (chapter 1);
 * truncation on ``[64, 49152]`` logits: top-k 50 then top-p 0.9, and top-p 0.9 alone, ours
   against Hugging Face's warpers, after checking that both keep the same tokens (chapter 2);
+* parallel sampling: N samples of 32 tokens with ``num_return_sequences`` (N = 1, 4, 16, 64)
+  against one sample; scoring a (4, 4, 2) token tree in one forward pass against path by path;
+  ``ll.beam_search`` against Hugging Face's beam search (chapters 4 and 5);
 * the decoding loop: ``ll.generate`` against Hugging Face ``generate``, 128 new tokens, greedy
   and sampled, as a tokens-per-second ratio (the two loops run alternately, so both see the
   same machine load); decoding with against without the KV cache
@@ -32,7 +35,9 @@ from pathlib import Path
 import torch
 
 from . import models
+from .beam import beam_search
 from .generate import generate
+from .tree import sample_tree, score_paths, score_tree
 from .sampling import SamplingConfig, gumbel_max, next_token, process_logits, sample
 
 
@@ -199,6 +204,46 @@ def bench_generate(table: Table, model, tokenizer, new_tokens: int = 128, repeat
               "faster than without the cache")
 
 
+@torch.inference_mode()
+def bench_parallel(table: Table, model, tokenizer) -> None:
+    from transformers import GenerationConfig
+
+    ids = tokenizer("Write one sentence about the sea:", return_tensors="pt").input_ids
+
+    def samples(n):
+        return lambda: generate(model, ids, max_new_tokens=32, num_return_sequences=n, eos_token_id=[],
+                                generator=torch.Generator().manual_seed(n))
+
+    sizes = [1, 4, 16, 64]
+    times = interleaved_median_times([samples(n) for n in sizes], repeat=3)
+    for n, t in zip(sizes, times):
+        table.add(f"{n} samples of 32 tokens (num_return_sequences={n})", t, t / times[0], "the time of one sample")
+
+    # A (4, 4, 2) tree after a prompt: 52 nodes, 32 paths of three tokens.
+    story = tokenizer("Once upon a time, in a small village,", return_tensors="pt").input_ids
+    tree = sample_tree(model, story, branching=(4, 4, 2), generator=torch.Generator().manual_seed(2))
+    one, paths = interleaved_median_times([lambda: score_tree(model, story, tree.parents, tree.tokens),
+                                           lambda: score_paths(model, story, tree.parents, tree.tokens)])
+    table.add("score a (4, 4, 2) tree path by path (32 forward passes)", paths)
+    table.add("score a (4, 4, 2) tree in one forward pass (tree mask)", one, paths / one, "faster than path by path")
+
+    # Beam search, 4 beams, 32 tokens, both implementations returning the same best sequence.
+    config = GenerationConfig(num_beams=4, max_new_tokens=32, do_sample=False, eos_token_id=[], pad_token_id=2)
+    results = {}
+
+    def ours():
+        results["ours"] = beam_search(model, ids, num_beams=4, max_new_tokens=32, eos_token_id=[]).best[0].tokens
+
+    def theirs():
+        results["theirs"] = model.generate(ids, generation_config=config)[0, ids.shape[1]:]
+
+    hf_t, t = interleaved_median_times([theirs, ours], repeat=3)
+    if not torch.equal(results["ours"], results["theirs"]):
+        raise AssertionError("beam search: ll.beam_search and Hugging Face returned different sequences")
+    table.add("Hugging Face beam search, 4 beams, 32 tokens", hf_t)
+    table.add("ll.beam_search, 4 beams, 32 tokens (same sequence)", t, hf_t / t, "faster than Hugging Face")
+
+
 def cpu_name() -> str:
     """The processor's model name where Linux tells it, else the architecture."""
     try:
@@ -214,6 +259,8 @@ def main(argv=None) -> Table:
     parser = argparse.ArgumentParser(prog="python -m logitlab.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--skip-load", action="store_true", help="skip the first-load row (about 30 s)")
     parser.add_argument("--skip-generate", action="store_true", help="skip the decoding-loop rows (about 2 min)")
+    parser.add_argument("--skip-parallel", action="store_true",
+                        help="skip the batch, tree and beam-search rows (about 1 min)")
     parser.add_argument("--json", default="bench-out/bench.json", help="where to write the results as JSON")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
@@ -224,6 +271,8 @@ def main(argv=None) -> Table:
     bench_sampling(table, model, tokenizer)
     if not args.skip_generate:
         bench_generate(table, model, tokenizer)
+    if not args.skip_parallel:
+        bench_parallel(table, model, tokenizer)
     machine = f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, device cpu"
     print(f"Machine: {machine}")
     print(table.markdown())

@@ -304,3 +304,172 @@ def check_stop_position(fn) -> None:
         if got != expected:
             raise CheckFailed(f"{label}: {where}, your function returned {got}, the right answer is {expected}. {hint}")
     print(f"check_stop_position: all {len(cases)} cases passed.")
+
+
+def _tree_cases():
+    """(name, parents, hint) for check_tree_mask: small shapes first, then the book's tree, then random ones."""
+    ancestors_only = "A node attends to itself and its ancestors only, not to its siblings or cousins."
+    yield "a single node", [-1], "A node must attend to itself: the diagonal is True."
+    yield "a chain (one path)", [-1, 0, 1, 2, 3], (
+        "In a chain every earlier node is an ancestor: the mask is the causal (lower-triangular) one."
+    )
+    yield "a star (children of the root only)", [-1, -1, -1, -1], (
+        "Children of the root are siblings: each sees only itself (and the prompt)."
+    )
+    yield "two branches", [-1, 0, 0, 1, 2], ancestors_only
+    yield "ancestors two levels up", [-1, -1, 0, 1, 2, 3, 2], (
+        "A node sees its parent, its parent's parent, and so on up to the root, not just its parent."
+    )
+    yield "nodes not in level order", [-1, 0, -1, 1, 2, 0], (
+        "Parents come before their children, but the levels may interleave: follow the parents, not the positions."
+    )
+    parents, level = [], [-1]  # the (4, 4, 2) tree of the chapter: 52 nodes
+    for k in (4, 4, 2):
+        first = len(parents)
+        parents += [p for p in level for _ in range(k)]
+        level = list(range(first, len(parents)))
+    yield "the (4, 4, 2) tree", parents, ancestors_only
+    gen = torch.Generator().manual_seed(0)
+    for n in (7, 12, 30):
+        parents = [int(torch.randint(-1, i, (1,), generator=gen)) for i in range(n)]
+        yield f"a random tree of {n} nodes", parents, ancestors_only
+
+
+def check_tree_mask(fn) -> None:
+    """Check ``fn(parents)`` against :func:`logitlab.tree.tree_attention_mask` (chapter 5).
+
+    ``parents`` is a list: ``parents[i]`` is node i's parent, -1 for a child of the root. The
+    answer is an ``[n, n]`` tensor, True (or 1) at ``[i, j]`` when node j is node i or one of
+    its ancestors.
+    """
+    from .tree import tree_attention_mask
+
+    cases = list(_tree_cases())
+    for number, (name, parents, hint) in enumerate(cases, start=1):
+        label = f"Case {number} of {len(cases)} ({name})"
+        given = list(parents)
+        got = _call(fn, label, given)
+        expected = tree_attention_mask(parents)
+        n = len(parents)
+        where = f"With parents {parents}" if n <= 12 else f"With parents of {n} nodes"
+        if given != parents:
+            raise CheckFailed(f"{label}: your function changed the parents list it was given (work on a copy).")
+        if not isinstance(got, torch.Tensor) or got.shape != (n, n):
+            shown = f"shape {tuple(got.shape)}" if isinstance(got, torch.Tensor) else f"a {type(got).__name__}"
+            raise CheckFailed(f"{label}: {where}, expected a tensor of shape ({n}, {n}), got {shown}.")
+        if got.dtype != torch.bool and not bool(((got == 0) | (got == 1)).all()):
+            raise CheckFailed(f"{label}: {where}, return True/False (or 1/0) entries, not other values.")
+        got = got.bool()
+        if not torch.equal(got, expected):
+            i, j = (got != expected).nonzero()[0].tolist()
+            path = _root_path(parents, i)
+            if expected[i, j]:
+                why = f"node {j} is node {i} itself" if i == j else f"node {j} is an ancestor of node {i}"
+            else:
+                why = f"node {j} is not node {i} nor one of its ancestors"
+            causal = torch.ones(n, n, dtype=torch.bool).tril()
+            if torch.equal(got, causal):
+                hint = ("This is a plain causal mask: it lets each node see every earlier node, siblings and "
+                        "cousins too. " + hint)
+            raise CheckFailed(
+                f"{label}: {where}, entry [{i}, {j}] is {bool(got[i, j])} but should be {bool(expected[i, j])}: "
+                f"{why} (the path from the root to node {i} is {path}). {hint}"
+            )
+    print(f"check_tree_mask: all {len(cases)} cases passed.")
+
+
+def _root_path(parents: list[int], i: int) -> list[int]:
+    path = []
+    while i != -1:
+        path.append(i)
+        i = parents[i]
+    return path[::-1]
+
+
+# --------------------------------------------------------------------------- chapter 4
+
+
+def _beam_step_reference(logprobs, beam_scores, num_beams):
+    totals = (beam_scores[:, None] + logprobs).flatten()
+    scores, index = totals.topk(num_beams)
+    vocab = logprobs.shape[-1]
+    return scores, index // vocab, index % vocab
+
+
+def _beam_step_cases():
+    gen = torch.Generator().manual_seed(4)
+    logp = lambda *shape: torch.log_softmax(2 * torch.randn(*shape, generator=gen), dim=-1)  # noqa: E731
+    yield "the first step: one beam, two to keep", logp(1, 6), torch.zeros(1), 2, ""
+    yield "three beams, three to keep", logp(3, 8), torch.tensor([-0.5, -1.2, -2.0]), 3, (
+        "Add each beam's score to its row of log-probabilities before comparing across beams.")
+    yield "a beam so far behind that none of its extensions survive", logp(2, 5), torch.tensor([-0.1, -50.0]), 2, ""
+    yield "one beam whose two extensions are both kept", torch.log(torch.tensor([[0.6, 0.3, 0.1], [0.4, 0.35, 0.25]])), \
+        torch.tensor([0.0, -1.0]), 2, "The best extensions may all come from the same beam."
+    yield "more beams to keep than beams in", logp(2, 7), torch.tensor([-1.0, -1.5]), 5, ""
+    yield "a large vocabulary", logp(4, 1000), -torch.rand(4, generator=gen) * 3, 4, ""
+
+
+def check_beam_step(fn) -> None:
+    """Check ``fn(logprobs, beam_scores, num_beams) -> (scores, parents, tokens)`` (chapter 4)."""
+    cases = list(_beam_step_cases())
+    for number, (name, logprobs, beam_scores, num_beams, hint) in enumerate(cases, start=1):
+        label = f"Case {number} of {len(cases)} ({name})"
+        got = _call(fn, label, logprobs.clone(), beam_scores.clone(), num_beams)
+        expected = _beam_step_reference(logprobs, beam_scores, num_beams)
+        where = f"With beam_scores {_show(beam_scores)}, logprobs of shape {tuple(logprobs.shape)} and num_beams={num_beams}"
+        if not isinstance(got, tuple) or len(got) != 3 or not all(isinstance(t, torch.Tensor) for t in got):
+            raise CheckFailed(f"{label}: return a tuple of three tensors (scores, parents, tokens).")
+        for what, g, e in zip(("scores", "parents", "tokens"), got, expected):
+            if g.shape != e.shape:
+                raise CheckFailed(f"{label}: {where}, {what} has shape {tuple(g.shape)}, expected {tuple(e.shape)}.")
+        scores, parents, tokens = got
+        if not torch.allclose(scores.double(), expected[0].double(), atol=1e-5) or not torch.equal(
+                parents.long(), expected[1]) or not torch.equal(tokens.long(), expected[2]):
+            raise CheckFailed(
+                f"{label}: {where}, expected scores {_show(expected[0])}, parents {_show(expected[1])}, tokens "
+                f"{_show(expected[2])} (best first), got scores {_show(scores)}, parents {_show(parents)}, tokens "
+                f"{_show(tokens)}. {hint}".strip())
+    print(f"check_beam_step: all {len(cases)} cases passed.")
+
+
+def check_backtrack(fn) -> None:
+    """Check ``fn(parents, tokens, beam)`` against the beams that ``ll.beam_search`` records (chapter 4)."""
+    from .beam import beam_search
+    from .toy import toy_model
+
+    cases = []
+    for seed, (beams, steps) in enumerate([(1, 3), (2, 4), (3, 6), (4, 8)]):
+        model = toy_model(vocab_size=5, order=2, seed=seed)
+        history = beam_search(model, [[0]], num_beams=beams, max_new_tokens=steps, eos_token_id=[]).history
+        parents = [h.parents[0] for h in history]
+        tokens = [h.beams[0, :, -1] for h in history]
+        for beam in range(beams):
+            cases.append((f"{beams} beams after {steps} steps, beam {beam}", parents, tokens, beam,
+                          history[-1].beams[0, beam].tolist()))
+    for number, (name, parents, tokens, beam, expected) in enumerate(cases, start=1):
+        label = f"Case {number} of {len(cases)} ({name})"
+        got = _call(fn, label, [p.clone() for p in parents], [t.clone() for t in tokens], beam)
+        got = got.tolist() if isinstance(got, torch.Tensor) else got
+        if got != expected:
+            raise CheckFailed(
+                f"{label}: expected the tokens {expected}, got {got}. Start from the last step and follow "
+                f"parents backwards: the token of step t belongs to the beam that parents[t + 1] points to.")
+    print(f"check_backtrack: all {len(cases)} cases passed.")
+
+
+def check_tree_positions(fn) -> None:
+    """Check ``fn(parents, offset)`` against :func:`logitlab.tree.tree_position_ids` (chapter 5)."""
+    from .tree import tree_position_ids
+
+    cases = [(name, parents, offset) for (name, parents, _) in _tree_cases() for offset in (0, 7)]
+    for number, (name, parents, offset) in enumerate(cases, start=1):
+        label = f"Case {number} of {len(cases)} ({name}, offset {offset})"
+        got = _call(fn, label, list(parents), offset)
+        expected = tree_position_ids(parents, offset)
+        if not isinstance(got, torch.Tensor) or got.shape != expected.shape or not torch.equal(got.long(), expected):
+            shown = _show(got) if isinstance(got, torch.Tensor) else repr(got)
+            raise CheckFailed(
+                f"{label}: with parents {parents} after a prompt of {offset} tokens, expected the positions "
+                f"{expected.tolist()}, got {shown}. A node sits one place after its parent; the children "
+                f"of the prompt sit at position {offset}, and siblings share a position.")
+    print(f"check_tree_positions: all {len(cases)} cases passed.")

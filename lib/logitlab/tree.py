@@ -1,0 +1,375 @@
+"""Token trees: many continuations of one prompt, scored and sampled a level at a time.
+
+Chapter 5 ("Tree sampling") explains this module.
+
+A *token tree* after a prompt holds several continuations that share their beginnings: the
+root is the prompt, every node is one token, and every root-to-leaf path is a continuation.
+Nodes are numbered so that a parent comes before its children, level by level, and the tree
+is just the list ``parents`` (``-1``: a child of the root, the first token after the prompt):
+
+    parents = [-1, -1, 0, 0, 1]        prompt ─┬─ 0 ─┬─ 2
+                                               │     └─ 3
+                                               └─ 1 ─── 4
+
+A transformer scores such a tree in **one forward pass**: put all its tokens in one sequence
+after the prompt and let each node attend to the prompt, its ancestors and itself only
+(``tree_attention_mask``), at the position it would have in its own path
+(``tree_position_ids``). Each node then computes exactly what it would in a plain sequence made
+of its path: ``score_tree`` does that, ``score_paths`` is the slow reference that runs every path
+on its own.
+
+``sample_tree`` grows a tree level by level, drawing K children per node (K random children,
+where beam search keeps the K best); ``gumbel_top_k`` draws K distinct children at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ._validate import check_generator, check_logits
+from .generate import _model_device
+from .probs import log_softmax
+from .sampling import SamplingConfig, process_logits, sample
+
+
+@dataclass
+class TokenTree:
+    """A tree of tokens after a prompt (what ``sample_tree`` returns).
+
+    ``parents[i]`` is the parent of node ``i`` (``-1``: the root, i.e. the prompt), and every
+    parent comes before its children. ``logprobs[i]`` is the log-probability of ``tokens[i]``
+    given the prompt and node i's ancestors under the distribution it was drawn from (after
+    temperature and truncation); ``raw_logprobs[i]`` the same under the model's own distribution.
+    """
+
+    parents: list[int]
+    tokens: torch.Tensor  # [n] long
+    logprobs: torch.Tensor  # [n]
+    raw_logprobs: torch.Tensor  # [n]
+
+    def __post_init__(self):
+        self.parents = _check_parents(self.parents)
+        n = len(self.parents)
+        for name in ("tokens", "logprobs", "raw_logprobs"):
+            value = getattr(self, name)
+            if not isinstance(value, torch.Tensor) or value.shape != (n,):
+                raise ValueError(f"{name} must be a tensor of shape [{n}], one entry per node")
+
+    def __len__(self) -> int:
+        return len(self.parents)
+
+    @property
+    def depths(self) -> list[int]:
+        """The depth of each node: 1 for the children of the root."""
+        return _depths(self.parents)
+
+    def children(self, i: int) -> list[int]:
+        """The children of node ``i`` (``i = -1``: the children of the root)."""
+        return [j for j, p in enumerate(self.parents) if p == i]
+
+    def leaves(self) -> list[int]:
+        """The nodes without children, in node order."""
+        return _leaves(self.parents)
+
+    def ancestors(self, i: int) -> list[int]:
+        """The nodes on the path from the root to node ``i``, ``i`` included (root side first)."""
+        return _ancestors(self.parents, i)
+
+    def paths(self) -> list[list[int]]:
+        """Each leaf's root-to-leaf path of node indices."""
+        return [_ancestors(self.parents, leaf) for leaf in _leaves(self.parents)]
+
+    def leaf_sequences(self, raw: bool = False) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Each leaf's token sequence (root to leaf, without the prompt) and its summed
+        log-probability ``[leaves]``: the log-probability of the whole continuation under the
+        sampled distribution, or under the model's own with ``raw=True``."""
+        scores = self.raw_logprobs if raw else self.logprobs
+        paths = self.paths()
+        return [self.tokens[p] for p in paths], torch.stack([scores[p].sum() for p in paths])
+
+
+# --- The tree as one sequence: mask and positions --------------------------------------------
+
+
+def tree_attention_mask(parents) -> torch.Tensor:
+    """``[n, n]`` booleans: entry ``[i, j]`` is True iff node ``j`` is node ``i`` or one of its ancestors.
+
+    Row i is what node i may attend to among the tree's nodes (it also sees the whole prompt).
+    A causal mask would let each node see every earlier node, its siblings and cousins too.
+
+    >>> tree_attention_mask([-1, 0, -1]).int()
+    tensor([[1, 0, 0],
+            [1, 1, 0],
+            [0, 0, 1]], dtype=torch.int32)
+    """
+    parents = _check_parents(parents)
+    mask = torch.eye(len(parents), dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            # The parent's row is complete (it comes earlier): its ancestors are ours too.
+            mask[i] |= mask[p]
+    return mask
+
+
+def tree_position_ids(parents, offset: int = 0) -> torch.Tensor:
+    """``[n]``: the position of each node in its own path after a prompt of ``offset`` tokens,
+    ``offset + depth - 1``. Siblings share a position: they are alternatives for one place."""
+    parents = _check_parents(parents)
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"offset must be an integer >= 0 (the prompt's length), got {offset!r}")
+    return offset + torch.tensor(_depths(parents), dtype=torch.long) - 1
+
+
+# --- Scoring a tree ----------------------------------------------------------------------------
+
+
+@torch.inference_mode()
+def score_tree(model, input_ids, parents, tokens) -> tuple[torch.Tensor, torch.Tensor]:
+    """Score every node of a tree in one forward pass after the prompt.
+
+    Returns ``(logprobs [n], logits [n, V])``: the log-probability of each node's token given
+    the prompt and its ancestors (under the model's own distribution), and the next-token
+    logits after each node (float32). ``input_ids`` is one prompt, ``[1, seq]`` or a list of
+    ids. Two forward passes in all: the prompt (prefill), then all n nodes at once with the tree
+    mask.
+    """
+    parents = _check_parents(parents)
+    device = _model_device(model)
+    ids = _prompt(input_ids, device)
+    tokens = _check_tokens(tokens, len(parents), model, device)
+    out = model(input_ids=ids, use_cache=True)
+    first = out.logits[0, -1:].float()  # [1, V]: the distribution of the root's children
+    logits, _ = _forward_nodes(model, out.past_key_values, ids.shape[1], parents, 0, tokens)
+    # Each node's token was predicted by its parent's logits (the prompt's for the root's children).
+    before = torch.cat([first, logits])[torch.tensor(parents, device=device) + 1]
+    return log_softmax(before).gather(-1, tokens[:, None]).squeeze(-1), logits
+
+
+@torch.inference_mode()
+def score_paths(model, input_ids, parents, tokens) -> tuple[torch.Tensor, torch.Tensor]:
+    """The slow reference for ``score_tree``: each root-to-leaf path in its own forward pass
+    (prompt + path, no cache, no special mask). Same return values."""
+    parents = _check_parents(parents)
+    device = _model_device(model)
+    ids = _prompt(input_ids, device)
+    tokens = _check_tokens(tokens, len(parents), model, device)
+    seq = ids.shape[1]
+    logprobs = torch.empty(len(parents), device=device)
+    logits = [None] * len(parents)
+    for path in (_ancestors(parents, leaf) for leaf in _leaves(parents)):
+        row = model(input_ids=torch.cat([ids[0], tokens[path]])[None], use_cache=False).logits[0].float()
+        # row[seq - 1 + j] predicts the token after path[j - 1]: the token of path[j].
+        lp = log_softmax(row[seq - 1 : -1]).gather(-1, tokens[path][:, None]).squeeze(-1)
+        for j, node in enumerate(path):  # a node on several paths gets the same value each time
+            logprobs[node], logits[node] = lp[j], row[seq + j]
+    return logprobs, torch.stack(logits)
+
+
+def _forward_nodes(model, cache, prompt_len: int, parents: list[int], start: int, tokens):
+    """One forward pass over nodes ``start..n-1`` (``tokens``, ``[n - start]``), the cache holding
+    the prompt and nodes ``0..start-1``. Returns their next-token logits ``[n - start, V]`` and
+    the cache, which now holds every node too."""
+    n = len(parents)
+    allowed = torch.ones(n - start, prompt_len + n, dtype=torch.bool)
+    allowed[:, prompt_len:] = tree_attention_mask(parents)[start:]
+    positions = tree_position_ids(parents, prompt_len)[start:]
+    device = tokens.device
+    out = model(input_ids=tokens[None], attention_mask=_additive_mask(allowed, model).to(device)[None, None],
+                position_ids=positions[None].to(device), past_key_values=cache, use_cache=True)
+    return out.logits[0].float(), out.past_key_values
+
+
+def _additive_mask(allowed: torch.Tensor, model) -> torch.Tensor:
+    """The 4D-mask values for Hugging Face: 0 where a query may attend, the dtype's minimum where not.
+
+    A 4D mask goes to the attention function unchanged. SDPA reads a bool mask as "True:
+    attend" and adds a float one; eager attention always *adds* it, so a bool mask there would
+    add 0 or 1 and mask nothing. The additive float form is right for both.
+    """
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if impl not in (None, "sdpa", "eager"):
+        raise ValueError(f"model: attention implementation {impl!r} does not take a custom 4D mask; "
+                         "load the model with attn_implementation='sdpa' or 'eager'")
+    dtype = getattr(model, "dtype", torch.float32)
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+# --- Sampling a tree ---------------------------------------------------------------------------
+
+
+def gumbel_top_k(logits: torch.Tensor, k: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw ``k`` distinct tokens per row without replacement: the top k of ``logits + Gumbel noise``.
+
+    ``logits`` is ``[batch, V]`` (any leading dimensions), the result ``[batch, k]`` token ids,
+    in the order of their perturbed logits. The first is an exact sample from
+    ``softmax(logits)`` (that is the Gumbel-max trick); the second is an exact sample from the
+    rest, renormalised, and so on: the result is a sample *without replacement*, as if tokens
+    were drawn one by one and each drawn token were removed before the next draw. ``k`` may not
+    exceed the number of tokens with a finite logit in any row.
+    """
+    check_logits(logits)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    possible = int((logits > float("-inf")).sum(dim=-1).min())
+    if k > possible:
+        raise ValueError(f"k={k} distinct tokens asked for, but a row has only {possible} tokens with a finite logit")
+    check_generator(generator, logits.device)
+    u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=torch.float32)
+    u = u.clamp_min(torch.finfo(torch.float32).tiny)  # rand draws from [0, 1): keep -log(u) finite
+    return (logits.float() - torch.log(-torch.log(u))).topk(k, dim=-1).indices
+
+
+@torch.inference_mode()
+def sample_tree(
+    model,
+    input_ids,
+    *,
+    branching,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    typical_p: float | None = None,
+    with_replacement: bool = True,
+    generator: torch.Generator | None = None,
+) -> TokenTree:
+    """Grow a token tree after one prompt: ``branching[d]`` children for every node of level d.
+
+    ``branching=(4, 4, 2)`` gives 4 children of the root, 4 children each (16 nodes), then 2
+    each (32 leaves). Each level costs one forward pass: the prompt's prefill gives the root's
+    children, and the nodes of each new level are run together, with the KV cache holding the
+    prompt and the earlier levels and a tree mask letting each node see only its ancestors. The
+    last level needs no forward pass. The children of each node are drawn from the model's
+    next-token distribution after temperature and truncation (``top_k``, ``top_p``, ``min_p``,
+    ``typical_p``, as in ``SamplingConfig``):
+
+    * ``with_replacement=True``: the K children are K independent draws; two may be the same
+      token, and both are kept as separate nodes. Every root-to-leaf path is then an exact
+      sample of a continuation from the processed distribution.
+    * ``with_replacement=False``: the K children are distinct (``gumbel_top_k``). The first
+      child is an exact sample; each later one is conditioned on differing from those before,
+      so the set is a sample without replacement and the paths are *not* independent samples
+      of continuations (they cover more of the distribution, but not in proportion to it).
+      To estimate an expectation from them, weight each path with importance weights.
+    * ``temperature=0``: the K children are the K most likely tokens, distinct and in order
+      (the first is the greedy token), whatever ``with_replacement`` says: a deterministic tree,
+      the top-K expansion that beam search prunes. Set against a sampled tree, it is the
+      difference between K best and K random children. Truncation rules are skipped at T = 0,
+      and ``logprobs`` are 0 (each choice is certain); ``raw_logprobs`` keep the model's.
+
+    ``input_ids`` is one prompt, ``[1, seq]`` or a list of ids.
+    """
+    config = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p)
+    branching = _check_branching(branching)
+    if not isinstance(with_replacement, bool):
+        raise ValueError(f"with_replacement must be True or False, got {with_replacement!r}")
+    device = _model_device(model)
+    check_generator(generator, device)
+    ids = _prompt(input_ids, device)
+
+    out = model(input_ids=ids, use_cache=True)  # prefill
+    cache, logits = out.past_key_values, out.logits[0, -1:].float()  # one row: the root
+    parents, tokens, logprobs, raw = [], [], [], []
+    level = [-1]  # the nodes whose children are drawn next, in the order of the rows of logits
+    for depth, k in enumerate(branching):
+        if depth > 0:
+            # One pass over the newest level: the cache holds the prompt and the levels before it.
+            logits, cache = _forward_nodes(model, cache, ids.shape[1], parents, level[0], torch.cat(tokens)[level[0]:])
+        children, lp, raw_lp = _draw_children(logits, k, config, with_replacement, generator)
+        first = len(parents)
+        parents += [p for p in level for _ in range(k)]  # the k children of each node, together
+        tokens.append(children.flatten())
+        logprobs.append(lp.flatten())
+        raw.append(raw_lp.flatten())
+        level = list(range(first, len(parents)))
+    return TokenTree(parents, torch.cat(tokens), torch.cat(logprobs), torch.cat(raw))
+
+
+def _draw_children(logits, k: int, config: SamplingConfig, with_replacement: bool, generator):
+    """``k`` children for each row of ``logits`` ``[m, V]``: ids, sampled and raw log-probs, ``[m, k]`` each."""
+    raw = log_softmax(logits)
+    if config.temperature == 0.0:
+        if k > logits.shape[-1]:
+            raise ValueError(f"branching asks for {k} children, more than the vocabulary's {logits.shape[-1]} tokens")
+        # A stable sort puts tied tokens in id order, so the first child is greedy()'s token.
+        children = logits.sort(dim=-1, descending=True, stable=True).indices[:, :k]
+        return children, torch.zeros(children.shape, device=logits.device), raw.gather(-1, children)
+    processed = process_logits(logits, config)
+    if with_replacement:
+        # k independent draws per node: the node's row, repeated k times.
+        children = sample(processed.repeat_interleave(k, dim=0), 1.0, generator).view(-1, k)
+    else:
+        possible = int((processed > float("-inf")).sum(dim=-1).min())
+        if k > possible:
+            raise ValueError(f"branching asks for {k} distinct children, but truncation leaves only {possible} "
+                             "possible tokens at some node; use with_replacement=True or loosen the truncation")
+        children = gumbel_top_k(processed, k, generator)
+    return children, log_softmax(processed).gather(-1, children), raw.gather(-1, children)
+
+
+# --- Argument checks ---------------------------------------------------------------------------
+
+
+def _check_parents(parents) -> list[int]:
+    if isinstance(parents, torch.Tensor) and parents.dim() == 1 and not parents.is_floating_point():
+        parents = parents.tolist()
+    if not isinstance(parents, (list, tuple)) or not parents:
+        raise ValueError("parents must be a non-empty list of parent indices (-1: a child of the root)")
+    for i, p in enumerate(parents):
+        if isinstance(p, bool) or not isinstance(p, int) or not -1 <= p < i:
+            raise ValueError(f"parents[{i}] must be an integer in [-1, {i - 1}] (a parent comes before its "
+                             f"children; -1 is the root), got {p!r}")
+    return list(parents)
+
+
+def _ancestors(parents: list[int], i: int) -> list[int]:
+    path = []
+    while i != -1:
+        path.append(i)
+        i = parents[i]
+    return path[::-1]
+
+
+def _leaves(parents: list[int]) -> list[int]:
+    has_child = set(parents)
+    return [i for i in range(len(parents)) if i not in has_child]
+
+
+def _depths(parents: list[int]) -> list[int]:
+    depths = []
+    for p in parents:
+        depths.append(1 if p == -1 else depths[p] + 1)
+    return depths
+
+
+def _check_branching(branching) -> tuple[int, ...]:
+    if not isinstance(branching, (tuple, list)) or not branching or not all(
+            isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in branching):
+        raise ValueError(f"branching must be a non-empty tuple of integers >= 1 (children per node, "
+                         f"level by level), got {branching!r}")
+    return tuple(branching)
+
+
+def _prompt(input_ids, device) -> torch.Tensor:
+    """One prompt as a LongTensor ``[1, seq]``."""
+    if isinstance(input_ids, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in input_ids):
+        input_ids = torch.tensor([list(input_ids)], dtype=torch.long)
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dtype != torch.long or input_ids.dim() != 2 \
+            or input_ids.shape[0] != 1 or input_ids.shape[1] == 0:
+        raise ValueError("input_ids must be one non-empty prompt: a LongTensor of shape [1, seq] or a list of ids")
+    if (input_ids < 0).any():
+        raise ValueError("input_ids must be non-negative token ids")
+    return input_ids.to(device)
+
+
+def _check_tokens(tokens, n: int, model, device) -> torch.Tensor:
+    if isinstance(tokens, (list, tuple)):
+        tokens = torch.tensor(tokens, dtype=torch.long) if tokens else None
+    if not isinstance(tokens, torch.Tensor) or tokens.dtype != torch.long or tokens.shape != (n,):
+        raise ValueError(f"tokens must be a LongTensor of shape [{n}], one token per node of parents")
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    if (tokens < 0).any() or (vocab is not None and (tokens >= vocab).any()):
+        raise ValueError(f"tokens must be token ids in [0, {vocab})")
+    return tokens.to(device)

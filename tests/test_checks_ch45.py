@@ -1,0 +1,54 @@
+"""The checkers of chapters 4 and 5 accept the right answers and reject plausible wrong ones."""
+
+import pytest
+import torch
+
+import logitlab as ll
+from logitlab.checks import CheckFailed
+
+
+def beam_step(logprobs, beam_scores, num_beams):
+    vocab = logprobs.shape[-1]
+    scores, flat = (beam_scores[:, None] + logprobs).flatten().topk(num_beams)
+    return scores, flat // vocab, flat % vocab
+
+
+def backtrack(parents, tokens, beam):
+    out = []
+    for t in range(len(tokens) - 1, -1, -1):
+        out.append(int(tokens[t][beam]))
+        beam = int(parents[t][beam])
+    return out[::-1]
+
+
+def tree_positions(parents, offset):
+    positions = []
+    for p in parents:
+        positions.append(offset if p < 0 else positions[p] + 1)
+    return torch.tensor(positions)
+
+
+def test_right_answers_pass(capsys):
+    ll.checks.check_beam_step(beam_step)
+    ll.checks.check_backtrack(backtrack)
+    ll.checks.check_tree_positions(tree_positions)
+    out = capsys.readouterr().out
+    assert "check_beam_step: all" in out and "check_backtrack: all" in out and "check_tree_positions: all" in out
+
+
+@pytest.mark.parametrize("check, wrong", [
+    # Ignores the beams' scores so far: picks by the next token alone.
+    (ll.checks.check_beam_step, lambda lp, s, n: beam_step(lp, torch.zeros_like(s), n)),
+    # The best extension of each beam, instead of the best over all beams.
+    (ll.checks.check_beam_step, lambda lp, s, n: (lambda v, i: (v, torch.arange(len(v)), i))(
+        *(s[:, None] + lp).max(dim=-1))),
+    # Reads the tokens of one row instead of following the parents.
+    (ll.checks.check_backtrack, lambda p, t, b: [int(x[b]) for x in t]),
+    # Positions of the flattened sequence instead of depths.
+    (ll.checks.check_tree_positions, lambda p, o: torch.arange(len(p)) + o),
+    # Depth counted from 1.
+    (ll.checks.check_tree_positions, lambda p, o: tree_positions(p, o) + 1),
+])
+def test_wrong_answers_fail(check, wrong):
+    with pytest.raises(CheckFailed):
+        check(wrong)
