@@ -69,7 +69,7 @@ def test_bad_inputs_raise():
     with pytest.raises(ValueError, match="input_ids"):
         model(torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="attention_mask"):
-        model(torch.tensor([[0, 1]]), attention_mask=torch.tensor([[0, 1]]))
+        model(torch.tensor([[0, 1]]), attention_mask=torch.tensor([[0, 1, 1]]))
     with pytest.raises(ValueError, match="vocab_size"):
         ll.toy_model(vocab_size=1)
     with pytest.raises(ValueError, match="order"):
@@ -120,3 +120,18 @@ def test_cache_keeps_the_whole_sequence_history_and_crop():
     for bad in (1, -3, 0.5):
         with pytest.raises(ValueError, match="tokens_to_remove"):
             cache.crop(bad)
+
+
+@pytest.mark.parametrize("order", [2, 3])
+def test_a_2d_mask_hides_tokens_as_if_they_were_not_there(order):
+    # Left padding and masked-out positions in the middle (what speculative decoding leaves
+    # after a rejection) give the logits of the sequence without the hidden tokens.
+    model = ll.toy_model(vocab_size=5, order=order, seed=4)
+    ids = torch.tensor([[4, 0, 1, 2, 3, 1], [2, 3, 4, 0, 1, 2]])
+    mask = torch.tensor([[0, 1, 1, 0, 1, 1], [1, 1, 0, 0, 1, 1]])
+    first = model(ids[:, :4], attention_mask=mask[:, :4])
+    out = model(ids[:, 4:], attention_mask=mask, past_key_values=first.past_key_values)
+    for row in range(2):
+        plain = ids[row][mask[row].bool()]
+        expected = model(plain[None]).logits[0, -2:]
+        assert torch.equal(out.logits[row], expected)

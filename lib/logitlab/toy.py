@@ -135,8 +135,8 @@ class NGramLM(nn.Module):
                 position_ids=None, **kwargs):
         """Logits ``[batch, seq, V]`` for the token after each position of ``input_ids``.
 
-        ``attention_mask`` is None, a 2D mask of ones (padding is not supported), or a 4D
-        mask ``[batch or 1, 1, seq, past + seq]`` (a tree mask). ``position_ids``
+        ``attention_mask`` is None, a 2D mask ``[batch, past + seq]`` (zeros: tokens no query
+        may see, such as padding), or a 4D mask ``[batch or 1, 1, seq, past + seq]`` (a tree mask). ``position_ids``
         ``[batch or 1, seq]`` (default: the next positions) order the tokens a 4D mask shows;
         without a 4D mask every token sees all earlier ones, in the order they came.
         """
@@ -206,9 +206,14 @@ class NGramLM(nn.Module):
         if attention_mask is None:
             return None
         if attention_mask.dim() == 2:
-            if not bool((attention_mask != 0).all()):
-                raise ValueError("attention_mask: the toy model does not support padding; pass rows of equal length")
-            return None
+            if bool((attention_mask != 0).all()):
+                return None
+            if tuple(attention_mask.shape) != (batch, length):
+                raise ValueError(f"attention_mask: a 2D mask must have shape [{batch}, {length}] (past + new tokens)")
+            # Zeros (left padding, or the rejected drafts that speculative decoding masks out)
+            # are hidden from every query; each query sees the visible tokens up to itself.
+            causal = torch.ones(seq, length, dtype=torch.bool, device=attention_mask.device).tril(diagonal=length - seq)
+            return (attention_mask != 0)[:, None, :] & causal[None]
         if attention_mask.dim() != 4 or attention_mask.shape[1] != 1 or attention_mask.shape[0] not in (1, batch) \
                 or tuple(attention_mask.shape[2:]) != (seq, length):
             raise ValueError(f"attention_mask must be 2D (no padding) or 4D of shape [batch, 1, {seq}, {length}] "
