@@ -1,0 +1,178 @@
+"""Drafters: who proposes the tokens that speculative sampling verifies.
+
+Chapter 6 ("Speculative sampling") explains this module; later chapters add drafters.
+
+A drafter is any object with four methods, called by ``ll.speculative_generate``:
+
+* ``start(input_ids, attention_mask)``: the (left-padded) prompts, once, before the first call;
+* ``propose(next_tokens, gamma, config, generator) -> (tokens [B, g], q [B, g, V])``: the token
+  the target has just produced for each row is ``next_tokens``; propose up to ``gamma`` tokens
+  after it (``g <= gamma``, the same for every row) and the distribution each was drawn from;
+* ``rollback(num_accepted)``: the target kept the first ``num_accepted[b]`` proposals of row b;
+* ``select_rows(keep)``: only the rows ``keep`` go on (the others finished).
+
+Any proposal keeps the output exact (that is the point of the verification), so a drafter is
+judged only by how often its proposals are accepted and by what it costs.
+
+* ``DraftModelDrafter``: a small language model with the target's tokenizer, sampling its
+  proposals one at a time from its own (processed) distribution, with its own KV cache rolled
+  back like the target's.
+* ``PromptLookupDrafter``: no model at all. It finds the latest earlier occurrence of the
+  context's last n tokens and proposes what followed it, with ``q`` one-hot on each proposal:
+  very cheap, and good when the output copies from the input (summaries, edits, code).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .probs import softmax
+from .sampling import SamplingConfig, process_logits, sample
+
+
+def _vocab_size(model) -> int:
+    return int(model.config.vocab_size)
+
+
+class DraftModelDrafter:
+    """Proposals sampled from a small model, one forward pass per proposed token."""
+
+    def __init__(self, model):
+        if not hasattr(model, "config") or not hasattr(model.config, "vocab_size"):
+            raise ValueError("model must be a causal language model with config.vocab_size")
+        self.model = model
+        self.vocab_size = _vocab_size(model)
+        self.steps = 0  # forward passes of the draft model
+        self.seconds = 0.0
+
+    @torch.inference_mode()
+    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+        positions = (attention_mask.cumsum(dim=-1) - 1).clamp_min(0)
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                         use_cache=True, logits_to_keep=1)
+        self.cache, self.mask = out.past_key_values, attention_mask
+        # A proposal that was accepted but never fed to the draft model (the last of a fully
+        # accepted draft): it must go in before the next token. -1: none.
+        self.unfed = torch.full((input_ids.shape[0],), -1, dtype=torch.long, device=input_ids.device)
+        self.steps += 1
+
+    @torch.inference_mode()
+    def propose(self, next_tokens, gamma, config: SamplingConfig, generator=None):
+        import time
+
+        start = time.perf_counter()
+        # Feed what the draft model has not seen: (the unfed proposal and) the target's token.
+        if bool((self.unfed >= 0).any()):
+            feed = torch.stack([self.unfed.clamp_min(0), next_tokens], dim=1)
+            new_mask = torch.stack([(self.unfed >= 0).long(), torch.ones_like(next_tokens)], dim=1)
+        else:
+            feed, new_mask = next_tokens[:, None], torch.ones_like(next_tokens)[:, None]
+        tokens, qs = [], []
+        for i in range(gamma):
+            logits = self._forward(feed, new_mask)
+            if config.temperature == 0:
+                token = logits.argmax(dim=-1)
+                q = torch.nn.functional.one_hot(token, logits.shape[-1]).to(logits.dtype)
+            else:
+                processed = process_logits(logits, config)
+                q = softmax(processed)
+                token = sample(processed, 1.0, generator)
+            tokens.append(token)
+            qs.append(q)
+            if i < gamma - 1:  # the last proposal is not fed now (it may be rejected anyway)
+                feed, new_mask = token[:, None], torch.ones_like(token)[:, None]
+        self.proposed = torch.stack(tokens, dim=1)
+        self.seconds += time.perf_counter() - start
+        return self.proposed, torch.stack(qs, dim=1)
+
+    def _forward(self, feed, new_mask):
+        self.mask = torch.cat([self.mask, new_mask], dim=1)
+        positions = (self.mask.cumsum(dim=-1) - 1).clamp_min(0)[:, -feed.shape[1]:]
+        out = self.model(input_ids=feed, attention_mask=self.mask, position_ids=positions,
+                         past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        self.cache = out.past_key_values
+        self.steps += 1
+        return out.logits[:, -1].float()
+
+    def rollback(self, num_accepted: torch.Tensor) -> None:
+        gamma = self.proposed.shape[1]
+        fed = gamma - 1  # proposals 1 .. gamma - 1 are in the cache
+        # Proposal j (1-based, j <= fed) stays iff j <= num_accepted.
+        keep = torch.arange(1, fed + 1, device=num_accepted.device)[None] <= num_accepted[:, None]
+        if fed > 0:
+            self.mask[:, -fed:] = self.mask[:, -fed:] * keep.long()
+        self.unfed = torch.where(num_accepted == gamma, self.proposed[:, -1], torch.full_like(num_accepted, -1))
+        self.mask, self.cache = _crop_common(self.mask, self.cache, fed, num_accepted)
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        self.cache.batch_select_indices(keep)
+        self.mask, self.unfed = self.mask[keep], self.unfed[keep]
+
+
+def _crop_common(mask, cache, appended: int, num_accepted):
+    """Drop the last positions that no row keeps (at most ``appended`` of them) from the cache."""
+    drop = appended - int(num_accepted.clamp(max=appended).max()) if appended > 0 else 0
+    if drop > 0:  # crop(0) would empty a Hugging Face cache: only call it to drop something
+        cache.crop(-drop)
+        mask = mask[:, :-drop]
+    return mask, cache
+
+
+class PromptLookupDrafter:
+    """Proposals copied from the context: what followed the latest earlier match of its last n tokens.
+
+    ``max_ngram`` down to ``min_ngram`` tokens are tried, longest first. Rows without a match
+    propose fewer tokens; all rows propose the same number (the longest proposal), the shorter
+    ones padded with their last token (any proposal is allowed: a bad one is just rejected).
+    """
+
+    def __init__(self, vocab_size: int, max_ngram: int = 3, min_ngram: int = 1):
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+            raise ValueError(f"vocab_size must be an integer >= 1, got {vocab_size!r}")
+        if not (isinstance(min_ngram, int) and isinstance(max_ngram, int) and 1 <= min_ngram <= max_ngram):
+            raise ValueError(f"need integers 1 <= min_ngram <= max_ngram, got {min_ngram!r}, {max_ngram!r}")
+        self.vocab_size, self.max_ngram, self.min_ngram = vocab_size, max_ngram, min_ngram
+        self.steps, self.seconds = 0, 0.0
+
+    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+        self.history = [row[m.bool()].tolist() for row, m in zip(input_ids, attention_mask)]
+
+    def propose(self, next_tokens, gamma, config, generator=None):
+        import time
+
+        start = time.perf_counter()
+        for row, t in zip(self.history, next_tokens.tolist()):
+            row.append(t)
+        found = [self._lookup(row, gamma) for row in self.history]
+        g = max(len(f) for f in found)
+        self.proposed = [f + [row[-1] if not f else f[-1]] * (g - len(f)) for f, row in zip(found, self.history)]
+        tokens = torch.tensor(self.proposed, dtype=torch.long, device=next_tokens.device).view(len(found), g)
+        q = torch.nn.functional.one_hot(tokens, self.vocab_size).float()
+        self.seconds += time.perf_counter() - start
+        return tokens, q
+
+    def _lookup(self, row: list[int], gamma: int) -> list[int]:
+        for n in range(min(self.max_ngram, len(row) - 1), self.min_ngram - 1, -1):
+            tail = row[-n:]
+            # The latest earlier occurrence of the last n tokens, not the tail itself.
+            for start in range(len(row) - n - 1, -1, -1):
+                if row[start:start + n] == tail:
+                    return row[start + n:start + n + gamma]
+        return []
+
+    def rollback(self, num_accepted: torch.Tensor) -> None:
+        for row, proposed, n in zip(self.history, self.proposed, num_accepted.tolist()):
+            row.extend(proposed[:n])
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        self.history = [self.history[i] for i in keep.tolist()]
+
+
+def as_drafter(drafter):
+    """A drafter object as is; a language model wrapped as a ``DraftModelDrafter``."""
+    if all(hasattr(drafter, m) for m in ("start", "propose", "rollback", "select_rows")):
+        return drafter
+    if isinstance(drafter, torch.nn.Module):
+        return DraftModelDrafter(drafter)
+    raise ValueError("drafter must be a language model or an object with start, propose, rollback and "
+                     f"select_rows (see logitlab.drafters), got {type(drafter).__name__}")

@@ -1,0 +1,298 @@
+"""Speculative sampling: the verification step, its theory, and the loop's exactness.
+
+Statistical tests use fixed seeds and reject at a p-value below 1e-4 (the false-positive rate
+of each test if the code is right); their sample sizes give them power against real biases:
+each also fails on a deliberately wrong variant (see the tests named *_detects_*).
+"""
+
+import copy
+import itertools
+from collections import Counter
+
+import pytest
+import torch
+from scipy.stats import binomtest, chisquare
+
+import logitlab as ll
+from logitlab.drafters import PromptLookupDrafter
+from logitlab.sampling import SamplingConfig, process_logits
+from logitlab.speculative import (
+    GreedyMatching,
+    acceptance_rate,
+    expected_tokens,
+    greedy_verify,
+    speculative_generate,
+    speedup,
+    verify,
+)
+
+P_MIN = 1e-4
+
+
+def one_hot(tokens, vocab):
+    return torch.nn.functional.one_hot(tokens, vocab).float()
+
+
+# --- verify --------------------------------------------------------------------------------------
+
+
+def test_verify_hugging_face_hand_case():
+    # Hugging Face's own case: drafts [1, 4, 5]; the target agrees on 1 and 4, then puts all its
+    # mass on 8: two drafts are accepted and 8 follows.
+    drafts = torch.tensor([[1, 4, 5]])
+    p = torch.zeros(1, 4, 10)
+    p[0, 0, 1] = p[0, 1, 4] = p[0, 2, 8] = p[0, 3, 0] = 1.0
+    num, nxt = verify(drafts, one_hot(drafts, 10), p, torch.Generator().manual_seed(0))
+    assert num.tolist() == [2] and nxt.tolist() == [8]
+
+
+def test_verify_accepts_everything_when_the_drafter_is_the_target_and_then_draws_the_bonus():
+    gen = torch.Generator().manual_seed(1)
+    p = torch.softmax(torch.randn(500, 4, 6, generator=gen), dim=-1)
+    drafts = torch.multinomial(p[:, :3].reshape(-1, 6), 1, generator=gen).view(500, 3)
+    num, nxt = verify(drafts, p[:, :3], p, gen)
+    assert (num == 3).all()
+    # The bonus token is a draw from p[:, 3]; a token of probability 0 there never comes out.
+    p[:, 3] = torch.tensor([0.0, 0.5, 0.5, 0.0, 0.0, 0.0])
+    num, nxt = verify(drafts, p[:, :3], p, gen)
+    assert set(nxt.tolist()) == {1, 2}
+
+
+@pytest.mark.parametrize("g", [1, 3])
+def test_the_first_token_of_a_call_follows_the_target_exactly(g):
+    # Whatever q is, the first emitted token (a draft if accepted, else the residual's draw) is
+    # distributed as p_1; the number of rejections at position 1 is 1 - sum min(p, q).
+    gen = torch.Generator().manual_seed(2 + g)
+    vocab, rows = 6, 200_000
+    p1 = torch.softmax(torch.randn(vocab, generator=gen) * 1.5, dim=-1)
+    q1 = torch.softmax(torch.randn(vocab, generator=gen) * 1.5, dim=-1)
+    p = torch.softmax(torch.randn(1, g + 1, vocab, generator=gen), dim=-1).repeat(rows, 1, 1)
+    q = torch.softmax(torch.randn(1, g, vocab, generator=gen), dim=-1).repeat(rows, 1, 1)
+    p[:, 0], q[:, 0] = p1, q1
+    drafts = torch.multinomial(q.reshape(-1, vocab), 1, generator=gen).view(rows, g)
+    num, nxt = verify(drafts, q, p, gen)
+    first = torch.where(num > 0, drafts[:, 0], nxt)
+    counts = torch.bincount(first, minlength=vocab).double()
+    assert chisquare(counts, rows * p1.double() / p1.double().sum()).pvalue > P_MIN
+    rejected = int((num == 0).sum())
+    assert binomtest(rejected, rows, 1 - acceptance_rate(p1, q1).item()).pvalue > P_MIN
+
+
+def test_verify_detects_a_residual_that_is_not_max_p_minus_q():
+    # The same test with the residual replaced by p itself must fail: the test has power.
+    gen = torch.Generator().manual_seed(7)
+    vocab, rows = 6, 200_000
+    p1 = torch.softmax(torch.randn(vocab, generator=gen) * 1.5, dim=-1)
+    q1 = torch.softmax(torch.randn(vocab, generator=gen) * 1.5, dim=-1)
+    drafts = torch.multinomial(q1, rows, replacement=True, generator=gen)[:, None]
+    accept = torch.rand(rows, generator=gen) * q1[drafts[:, 0]] < p1[drafts[:, 0]]
+    wrong = torch.where(accept, drafts[:, 0], torch.multinomial(p1, rows, replacement=True, generator=gen))
+    counts = torch.bincount(wrong, minlength=vocab).double()
+    assert chisquare(counts, rows * p1.double() / p1.double().sum()).pvalue < P_MIN
+
+
+def test_greedy_verify():
+    logits = torch.tensor([[[0.0, 3.0, 1.0], [2.0, 0.0, 1.0], [0.0, 0.0, 5.0]]])
+    assert [t.tolist() for t in greedy_verify(torch.tensor([[1, 0]]), logits)] == [[2], [2]]
+    assert [t.tolist() for t in greedy_verify(torch.tensor([[1, 2]]), logits)] == [[1], [0]]
+    assert [t.tolist() for t in greedy_verify(torch.tensor([[0, 2]]), logits)] == [[0], [1]]
+
+
+@pytest.mark.parametrize("args, match", [
+    ((torch.tensor([[1.0, 2.0]]), torch.full((1, 2, 3), 1 / 3), torch.full((1, 3, 3), 1 / 3)), "draft_tokens"),
+    ((torch.tensor([[1, 2]]), torch.full((1, 3, 3), 1 / 3), torch.full((1, 3, 3), 1 / 3)), "q must"),
+    ((torch.tensor([[1, 2]]), torch.full((1, 2, 3), 1 / 3), torch.full((1, 2, 3), 1 / 3)), "p must"),
+    ((torch.tensor([[1, 5]]), torch.full((1, 2, 3), 1 / 3), torch.full((1, 3, 3), 1 / 3)), "draft_tokens"),
+    ((torch.tensor([[1, 2]]), torch.full((1, 2, 3), 0.5), torch.full((1, 3, 3), 1 / 3)), "sum to 1"),
+])
+def test_verify_bad_arguments_raise(args, match):
+    with pytest.raises(ValueError, match=match):
+        verify(*args)
+
+
+# --- theory --------------------------------------------------------------------------------------
+
+
+def test_theory():
+    assert expected_tokens(0.5, 3) == pytest.approx((1 - 0.5 ** 4) / 0.5)
+    assert expected_tokens(0.0, 5) == 1.0 and expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.8, 4) == pytest.approx(sum(0.8 ** i for i in range(5)))
+    assert speedup(0.8, 4, 0.0) == pytest.approx(expected_tokens(0.8, 4))
+    assert speedup(0.8, 4, 0.1, verify_cost=1.5) == pytest.approx(expected_tokens(0.8, 4) / 1.9)
+    p, q = torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.2, 0.3, 0.5])
+    assert acceptance_rate(p, q).item() == pytest.approx(0.7)
+    assert acceptance_rate(p, q).item() == pytest.approx(1 - ll.tv_distance(p, q).item())
+    for bad in [dict(alpha=1.5, gamma=2), dict(alpha=0.5, gamma=0)]:
+        with pytest.raises(ValueError):
+            expected_tokens(**bad)
+    with pytest.raises(ValueError, match="c "):
+        speedup(0.5, 2, -1.0)
+
+
+# --- the loop on the toy model: exact distributions ---------------------------------------------
+
+
+def exact_sequence_probs(model, prompt, length, config, eos=()):
+    """Every continuation of up to ``length`` tokens (ending early only on EOS) and its probability."""
+    probs = {}
+
+    def grow(ctx, seq, prob):
+        if len(seq) == length or (seq and seq[-1] in eos):
+            probs[tuple(seq)] = probs.get(tuple(seq), 0.0) + prob
+            return
+        logits = model(torch.tensor([ctx])).logits[0, -1]
+        dist = torch.softmax(process_logits(logits[None], config)[0], dim=-1)
+        for tok in range(len(dist)):
+            if dist[tok] > 0:
+                grow(ctx + [tok], seq + [tok], prob * dist[tok].item())
+
+    grow(list(prompt), [], 1.0)
+    return probs
+
+
+def chi_square_pvalue(samples, probs):
+    counts = Counter(tuple(t.tolist()) for t in samples)
+    assert set(counts) <= set(probs), "a sequence of probability 0 was generated"
+    keys = sorted(probs)
+    n, total = len(samples), sum(probs.values())
+    return chisquare([counts.get(k, 0) for k in keys], [n * probs[k] / total for k in keys]).pvalue
+
+
+@pytest.mark.parametrize("settings", [
+    dict(temperature=1.0),
+    dict(temperature=0.8, top_k=3),
+    dict(temperature=1.2, top_p=0.8),
+], ids=["T=1", "T=0.8 top-k 3", "T=1.2 top-p 0.8"])
+@pytest.mark.parametrize("gamma", [1, 3])
+def test_speculative_sampling_is_exact_on_the_toy_model(settings, gamma):
+    target = ll.toy_model(vocab_size=5, order=2, seed=0)
+    drafter = ll.toy_model(vocab_size=5, order=3, seed=9)  # a different model, and a different order
+    config = SamplingConfig(**settings)
+    rows = 30_000
+    out = speculative_generate(target, drafter, [[1, 2]], gamma=gamma, max_new_tokens=3, eos_token_id=[4],
+                               num_return_sequences=rows, generator=torch.Generator().manual_seed(gamma), **settings)
+    probs = exact_sequence_probs(target, [1, 2], 3, config, eos=(4,))
+    assert chi_square_pvalue(out.new_tokens, probs) > P_MIN
+    assert 0 < out.alpha < 1  # the drafter differs: some drafts are rejected, some accepted
+    for tokens, reason in zip(out.new_tokens, out.finish_reasons):
+        assert (tokens[:-1] != 4).all()  # nothing after an EOS
+        assert reason == ("eos" if tokens[-1] == 4 else "length")
+
+
+def test_batched_prompts_of_different_lengths_are_each_exact():
+    target = ll.toy_model(vocab_size=4, order=3, seed=1)
+    drafter = ll.toy_model(vocab_size=4, order=2, seed=2)
+    prompts = [[1], [2, 3, 0]]
+    rows = 20_000
+    out = speculative_generate(target, drafter, prompts, gamma=2, max_new_tokens=3, eos_token_id=[],
+                               num_return_sequences=rows, generator=torch.Generator().manual_seed(5))
+    for b, prompt in enumerate(prompts):
+        samples = [t for t, i in zip(out.new_tokens, out.prompt_index) if i == b]
+        probs = exact_sequence_probs(target, prompt, 3, SamplingConfig())
+        assert chi_square_pvalue(samples, probs) > P_MIN
+        assert all(torch.equal(s[: len(prompt)], torch.tensor(prompt)) for s, i in zip(out.sequences, out.prompt_index)
+                   if i == b)
+
+
+def test_prompt_lookup_is_exact_on_the_toy_model():
+    target = ll.toy_model(vocab_size=4, order=2, seed=3)
+    prompt = [1, 2, 3, 1, 2]
+    rows = 20_000
+    out = speculative_generate(target, PromptLookupDrafter(4, max_ngram=2), [prompt], gamma=3, max_new_tokens=3,
+                               eos_token_id=[], num_return_sequences=rows, generator=torch.Generator().manual_seed(6))
+    assert chi_square_pvalue(out.new_tokens, exact_sequence_probs(target, prompt, 3, SamplingConfig())) > P_MIN
+    assert out.alpha > 0
+
+
+def test_the_exactness_test_detects_a_loop_that_keeps_rejected_drafts():
+    # Accepting every draft makes the output the drafter's: the same chi-square test must fail.
+    class AcceptAll:
+        def __call__(self, drafts, q, p, logits, config, generator):
+            last = torch.multinomial(p[:, -1], 1, generator=generator).squeeze(-1)
+            return torch.full((drafts.shape[0],), drafts.shape[1]), last
+
+    target = ll.toy_model(vocab_size=5, order=2, seed=0)
+    drafter = ll.toy_model(vocab_size=5, order=3, seed=9)
+    out = speculative_generate(target, drafter, [[1, 2]], gamma=2, max_new_tokens=3, eos_token_id=[4],
+                               num_return_sequences=30_000, acceptance=AcceptAll(),
+                               generator=torch.Generator().manual_seed(1))
+    assert chi_square_pvalue(out.new_tokens, exact_sequence_probs(target, [1, 2], 3, SamplingConfig(),
+                                                                  eos=(4,))) < P_MIN
+
+
+# --- the loop on SmolLM2: greedy equality and rollback ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm():
+    return ll.load("smollm2-135m", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def early_exit(smollm):
+    # SmolLM2's first two layers with its final norm and output layer: a real (bad) draft model.
+    model = smollm[0]
+    config = copy.deepcopy(model.config)
+    config.num_hidden_layers = 2
+    draft = type(model)(config)
+    draft.load_state_dict(model.state_dict(), strict=False)
+    return draft.eval()
+
+
+PROMPTS = ["The capital of France is", "def add(a, b):\n    return", "Once upon a time, a little robot"]
+
+
+@pytest.mark.parametrize("which", ["early exit", "prompt lookup", "itself"])
+def test_greedy_speculative_decoding_gives_the_greedy_tokens(smollm, early_exit, which):
+    model, tokenizer = smollm
+    drafter = {"early exit": early_exit, "prompt lookup": PromptLookupDrafter(model.config.vocab_size),
+               "itself": model}[which]
+    ref = ll.generate(model, PROMPTS, tokenizer=tokenizer, max_new_tokens=24, temperature=0, eos_token_id=[])
+    out = speculative_generate(model, drafter, PROMPTS, tokenizer=tokenizer, gamma=4, max_new_tokens=24,
+                               temperature=0, eos_token_id=[])
+    for a, b in zip(ref.new_tokens, out.new_tokens):
+        assert a.tolist() == b.tolist()
+    if which == "itself":
+        assert out.alpha == 1.0 and out.target_calls == 1 + 23 // 5 + (23 % 5 > 0)
+    else:
+        assert out.alpha < 1.0  # rejections happened, so the rollback was exercised
+
+
+def test_greedy_matching_rule_and_eos_inside_a_draft(smollm, early_exit):
+    model, tokenizer = smollm
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2 + 2?"}], add_generation_prompt=True)
+    ids = list(chat["input_ids"] if hasattr(chat, "keys") else chat)
+    ref = ll.generate(model, [ids], max_new_tokens=40, temperature=0)
+    out = speculative_generate(model, model, [ids], gamma=6, max_new_tokens=40, temperature=0,
+                               acceptance=GreedyMatching())
+    assert ref.finish_reasons == ["eos"] and out.finish_reasons == ["eos"]
+    assert out.new_tokens[0].tolist() == ref.new_tokens[0].tolist()  # cut right after the EOS
+
+
+def test_sampled_speculative_decoding_runs_batched_on_smollm(smollm, early_exit):
+    model, tokenizer = smollm
+    out = speculative_generate(model, early_exit, PROMPTS[:2], tokenizer=tokenizer, gamma=3, max_new_tokens=12,
+                               temperature=1.0, top_p=0.9, eos_token_id=[], num_return_sequences=2,
+                               generator=torch.Generator().manual_seed(0))
+    assert len(out.new_tokens) == 4 and all(len(t) == 12 for t in out.new_tokens)
+    assert out.target_calls <= 12 and out.alpha < 1
+    assert out.texts[0] != out.texts[1]  # two samples of the same prompt
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(gamma=0), "gamma"),
+    (dict(gamma=2, max_new_tokens=0), "max_new_tokens"),
+    (dict(gamma=2, temperature=-1.0), "temperature"),
+    (dict(gamma=2, acceptance="rejection"), "acceptance"),
+])
+def test_bad_arguments_raise(kwargs, match):
+    kwargs = {"max_new_tokens": 3, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        speculative_generate(ll.toy_bigram(5), ll.toy_bigram(5, seed=1), [[1]], **kwargs)
+
+
+def test_a_drafter_with_another_vocabulary_is_refused():
+    with pytest.raises(ValueError, match="vocabulary"):
+        speculative_generate(ll.toy_bigram(5), ll.toy_bigram(6), [[1]], gamma=2, max_new_tokens=3)
+    with pytest.raises(ValueError, match="drafter"):
+        speculative_generate(ll.toy_bigram(5), "a model", [[1]], gamma=2, max_new_tokens=3)
