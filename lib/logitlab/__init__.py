@@ -8,13 +8,14 @@
 Each module follows a chapter of the book and says which one.
 """
 
-from . import checks, metrics, penalties, processors, tree, viz
+from . import checks, drafters, metrics, penalties, processors, speculative, tree, viz
 from .models import device, load, next_token_logits, toy_bigram, toy_model
 from .probs import apply_temperature, entropy, kl, log_softmax, softmax, tv_distance
 from .generate import GenerationResult, generate
 from .sampling import SamplingConfig, greedy, gumbel_max, next_token, sample
 from .beam import BeamSearchResult, beam_search
 from .best_of_n import BestOfN, best_of_n
+from .speculative import SpeculativeResult, speculative_generate
 from .tree import TokenTree, gumbel_top_k, sample_tree, score_paths, score_tree, tree_attention_mask, tree_position_ids
 
 __version__ = "0.1.0"
@@ -24,6 +25,10 @@ __all__ = [
     "metrics",
     "penalties",
     "processors",
+    "drafters",
+    "speculative",
+    "speculative_generate",
+    "SpeculativeResult",
     "tree",
     "viz",
     "apply_temperature",
