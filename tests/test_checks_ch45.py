@@ -52,3 +52,29 @@ def test_right_answers_pass(capsys):
 def test_wrong_answers_fail(check, wrong):
     with pytest.raises(CheckFailed):
         check(wrong)
+
+
+def verify_one(draft_tokens, q, p, generator):
+    for i, d in enumerate(draft_tokens.tolist()):
+        if torch.rand(1, generator=generator).item() * q[i, d] >= p[i, d]:  # rejected
+            residual = (p[i] - q[i]).clamp_min(0)
+            return i, int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
+    return len(draft_tokens), int(torch.multinomial(p[-1], 1, generator=generator))
+
+
+def test_check_verify_accepts_a_right_answer_and_rejects_wrong_ones(capsys):
+    ll.checks.check_verify(verify_one, trials=5000)
+    assert "check_verify: all" in capsys.readouterr().out
+
+    def residual_is_p(draft_tokens, q, p, generator):
+        for i, d in enumerate(draft_tokens.tolist()):
+            if torch.rand(1, generator=generator).item() * q[i, d] >= p[i, d]:
+                return i, int(torch.multinomial(p[i], 1, generator=generator))
+        return len(draft_tokens), int(torch.multinomial(p[-1], 1, generator=generator))
+
+    def accept_always(draft_tokens, q, p, generator):
+        return len(draft_tokens), int(torch.multinomial(p[-1], 1, generator=generator))
+
+    for wrong in (residual_is_p, accept_always):
+        with pytest.raises(CheckFailed):
+            ll.checks.check_verify(wrong, trials=5000)

@@ -473,3 +473,75 @@ def check_tree_positions(fn) -> None:
                 f"{expected.tolist()}, got {shown}. A node sits one place after its parent; the children "
                 f"of the prompt sit at position {offset}, and siblings share a position.")
     print(f"check_tree_positions: all {len(cases)} cases passed.")
+
+
+# --------------------------------------------------------------------------- chapter 6
+
+
+def check_verify(fn, trials: int = 20_000) -> None:
+    """Check ``fn(draft_tokens, q, p, generator) -> (num_accepted, next_token)`` for one sequence
+    (chapter 6): hand cases first, then a statistical test of the tokens it outputs.
+
+    ``draft_tokens`` is ``[g]``, ``q`` ``[g, V]``, ``p`` ``[g + 1, V]``. The statistical part draws
+    drafts from ``q``, calls ``fn`` ``trials`` times, and checks with chi-square tests (each
+    failing by chance with probability 1e-4) that the first output token follows ``p[0]`` and,
+    when the first draft was accepted, the second follows ``p[1]``.
+    """
+    from scipy.stats import chisquare
+
+    def as_ints(got, label):
+        if not isinstance(got, tuple) or len(got) != 2:
+            raise CheckFailed(f"{label}: return a tuple (num_accepted, next_token).")
+        return int(got[0]), int(got[1])
+
+    gen = torch.Generator().manual_seed(0)
+    hand = []
+    drafts = torch.tensor([1, 4, 5])
+    p = torch.zeros(4, 10)
+    p[0, 1] = p[1, 4] = p[2, 8] = p[3, 0] = 1.0
+    hand.append(("the target agrees twice, then wants token 8", drafts, torch.eye(10)[drafts], p, (2, 8),
+                 "Accept while p/q allows it; at the first rejection draw from max(0, p - q), normalised."))
+    p = torch.zeros(3, 6)
+    p[0, 2] = p[1, 3] = p[2, 5] = 1.0
+    hand.append(("every draft is what the target wants: the bonus token comes from the last row of p",
+                 torch.tensor([2, 3]), torch.eye(6)[[2, 3]], p, (2, 5),
+                 "After accepting all g drafts, draw the next token from p[g]."))
+    p = torch.zeros(3, 6)
+    p[0, 1] = 1.0
+    p[1:, 0] = 1.0
+    hand.append(("the first draft has target probability 0", torch.tensor([2, 0]), torch.eye(6)[[2, 0]], p, (0, 1),
+                 "A draft the target gives probability 0 is always rejected, even if later ones would match."))
+    for number, (name, d, q, p, expected, hint) in enumerate(hand, start=1):
+        label = f"Hand case {number} of {len(hand)} ({name})"
+        got = as_ints(_call(fn, label, d.clone(), q.clone(), p.clone(), gen), label)
+        if got != expected:
+            raise CheckFailed(f"{label}: expected (num_accepted, next_token) = {expected}, got {got}. {hint}")
+
+    vocab = 4
+    p = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25]])
+    q = torch.tensor([[0.2, 0.5, 0.05, 0.25], [0.4, 0.3, 0.2, 0.1]])
+    first, second = torch.zeros(vocab), torch.zeros(vocab)
+    label = "The statistical test"
+    for _ in range(trials):
+        d = torch.stack([torch.multinomial(q[i], 1, generator=gen)[0] for i in range(2)])
+        num, nxt = as_ints(_call(fn, label, d, q, p, gen), label)
+        if not 0 <= num <= 2:
+            raise CheckFailed(f"{label}: num_accepted must be between 0 and g = 2, got {num}.")
+        out = d[:num].tolist() + [nxt]
+        first[out[0]] += 1
+        if num >= 1:
+            second[out[1]] += 1
+    for what, counts, target, hint in [
+        ("the first output token", first, p[0], "Check the acceptance test u < p(d) / q(d) and the residual "
+         "max(0, p - q) at the first rejection."),
+        ("the second output token, after an accepted first draft", second, p[1], "After an accepted draft, the "
+         "next position uses the next rows of p and q."),
+    ]:
+        expected = counts.sum() * target.double() / target.double().sum()
+        pvalue = chisquare(counts.double(), expected).pvalue
+        if pvalue < 1e-4:
+            raise CheckFailed(
+                f"{label}: over {int(counts.sum())} draws, {what} came out with frequencies "
+                f"{_show(counts / counts.sum())}, but it must follow the target's {_show(target)} "
+                f"(chi-square p-value {pvalue:.1e}). {hint}")
+    print(f"check_verify: all {len(hand)} hand cases and the statistical test ({trials} calls) passed.")
