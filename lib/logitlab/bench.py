@@ -16,6 +16,9 @@ Rows:
 * parallel sampling: N samples of 32 tokens with ``num_return_sequences`` (N = 1, 4, 16, 64)
   against one sample; scoring a (4, 4, 2) token tree in one forward pass against path by path;
   ``ll.beam_search`` against Hugging Face's beam search (chapters 4 and 5);
+* speculative decoding (chapter 6, in progress): prompt lookup at temperature 0 on
+  input-grounded prompts (the answer copies the prompt) and on open-ended ones, against our
+  autoregressive loop and against Hugging Face's prompt-lookup decoding, with the same tokens;
 * the decoding loop: ``ll.generate`` against Hugging Face ``generate``, 128 new tokens, greedy
   and sampled, as a tokens-per-second ratio (the two loops run alternately, so both see the
   same machine load); decoding with against without the KV cache
@@ -37,6 +40,7 @@ import torch
 from . import models
 from .beam import beam_search
 from .generate import generate
+from .speculative import speculative_generate
 from .tree import sample_tree, score_paths, score_tree
 from .sampling import SamplingConfig, gumbel_max, next_token, process_logits, sample
 
@@ -244,6 +248,61 @@ def bench_parallel(table: Table, model, tokenizer) -> None:
     table.add("ll.beam_search, 4 beams, 32 tokens (same sequence)", t, hf_t / t, "faster than Hugging Face")
 
 
+GROUNDED_TEXT = (
+    "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is named after "
+    "the engineer Gustave Eiffel, whose company designed and built the tower from 1887 to 1889. It was "
+    "constructed as the centrepiece of the 1889 World's Fair, and to crown the centennial anniversary of the "
+    "French Revolution."
+)
+GROUNDED = [f"Repeat the following text exactly:\n\n{GROUNDED_TEXT}",
+            f"Rewrite the following text, replacing 'tower' with 'monument':\n\n{GROUNDED_TEXT}"]
+OPEN_ENDED = ["Write a short story about a lighthouse keeper.", "Explain why the sky is blue."]
+
+
+def _chat(tokenizer, question):
+    encoded = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
+    return torch.tensor([list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)])
+
+
+@torch.inference_mode()
+def bench_speculative(table: Table, model, tokenizer, new_tokens: int = 96, gamma: int = 5, repeat: int = 3) -> None:
+    from transformers import GenerationConfig
+
+    from .drafters import PromptLookupDrafter
+
+    vocab = model.config.vocab_size
+    for label, questions in [("input-grounded", GROUNDED), ("open-ended", OPEN_ENDED)]:
+        prompts = [_chat(tokenizer, q) for q in questions]
+        results = {}
+
+        def ours():
+            results["ar"] = [generate(model, ids, max_new_tokens=new_tokens, temperature=0, eos_token_id=[])
+                             for ids in prompts]
+
+        def lookup():
+            results["pl"] = [speculative_generate(model, PromptLookupDrafter(vocab), ids, gamma=gamma,
+                                                  max_new_tokens=new_tokens, temperature=0, eos_token_id=[])
+                             for ids in prompts]
+
+        config = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                                  prompt_lookup_num_tokens=gamma, pad_token_id=2)
+
+        def theirs():
+            results["hf"] = [model.generate(ids, generation_config=config) for ids in prompts]
+
+        ar_t, pl_t, hf_t = interleaved_median_times([ours, lookup, theirs], repeat=repeat)
+        for a, b in zip(results["ar"], results["pl"]):
+            if a.new_tokens[0].tolist() != b.new_tokens[0].tolist():
+                raise AssertionError("prompt lookup changed the greedy tokens")
+        calls = sum(r.target_calls for r in results["pl"])
+        alpha = sum(r.alpha for r in results["pl"]) / len(prompts)
+        name = f"{len(prompts)} {label} prompts, {new_tokens} tokens each, greedy"
+        table.add(f"ll.generate, {name}", ar_t)
+        table.add(f"prompt lookup (gamma={gamma}, alpha={alpha:.2f}, {new_tokens * len(prompts) / calls:.2f} "
+                  f"tokens per target call), {name}", pl_t, ar_t / pl_t, "faster than our AR loop")
+        table.add(f"Hugging Face prompt lookup, {name}", hf_t, hf_t / pl_t, "slower than ours (same algorithm)")
+
+
 def cpu_name() -> str:
     """The processor's model name where Linux tells it, else the architecture."""
     try:
@@ -261,6 +320,8 @@ def main(argv=None) -> Table:
     parser.add_argument("--skip-generate", action="store_true", help="skip the decoding-loop rows (about 2 min)")
     parser.add_argument("--skip-parallel", action="store_true",
                         help="skip the batch, tree and beam-search rows (about 1 min)")
+    parser.add_argument("--skip-speculative", action="store_true",
+                        help="skip the speculative-decoding rows (about 2 min)")
     parser.add_argument("--json", default="bench-out/bench.json", help="where to write the results as JSON")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
@@ -273,6 +334,8 @@ def main(argv=None) -> Table:
         bench_generate(table, model, tokenizer)
     if not args.skip_parallel:
         bench_parallel(table, model, tokenizer)
+    if not args.skip_speculative:
+        bench_speculative(table, model, tokenizer)
     machine = f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, device cpu"
     print(f"Machine: {machine}")
     print(table.markdown())
