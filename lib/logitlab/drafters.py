@@ -24,6 +24,8 @@ judged only by how often its proposals are accepted and by what it costs.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from .probs import softmax
@@ -58,8 +60,6 @@ class DraftModelDrafter:
 
     @torch.inference_mode()
     def propose(self, next_tokens, gamma, config: SamplingConfig, generator=None):
-        import time
-
         start = time.perf_counter()
         # Feed what the draft model has not seen: (the unfed proposal and) the target's token.
         if bool((self.unfed >= 0).any()):
@@ -138,8 +138,6 @@ class PromptLookupDrafter:
         self.history = [row[m.bool()].tolist() for row, m in zip(input_ids, attention_mask)]
 
     def propose(self, next_tokens, gamma, config, generator=None):
-        import time
-
         start = time.perf_counter()
         for row, t in zip(self.history, next_tokens.tolist()):
             row.append(t)
