@@ -342,6 +342,8 @@ def check_tree_mask(fn) -> None:
     answer is an ``[n, n]`` tensor, True (or 1) at ``[i, j]`` when node j is node i or one of
     its ancestors.
     """
+    from .tree import _ancestors
+
     from .tree import tree_attention_mask
 
     cases = list(_tree_cases())
@@ -362,7 +364,7 @@ def check_tree_mask(fn) -> None:
         got = got.bool()
         if not torch.equal(got, expected):
             i, j = (got != expected).nonzero()[0].tolist()
-            path = _root_path(parents, i)
+            path = _ancestors(parents, i)  # the root-to-node path, node included
             if expected[i, j]:
                 why = f"node {j} is node {i} itself" if i == j else f"node {j} is an ancestor of node {i}"
             else:
@@ -376,14 +378,6 @@ def check_tree_mask(fn) -> None:
                 f"{why} (the path from the root to node {i} is {path}). {hint}"
             )
     print(f"check_tree_mask: all {len(cases)} cases passed.")
-
-
-def _root_path(parents: list[int], i: int) -> list[int]:
-    path = []
-    while i != -1:
-        path.append(i)
-        i = parents[i]
-    return path[::-1]
 
 
 # --------------------------------------------------------------------------- chapter 4

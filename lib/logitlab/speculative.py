@@ -279,6 +279,7 @@ def speculative_generate(
     ids, mask = _prompt_batch(input_ids, attention_mask, tokenizer, device)
     n = num_return_sequences
     ids, mask = ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0)
+    prompt_mask = mask  # the loop extends `mask`; the prompts are read back from this one
     rows = ids.shape[0]
 
     # Prefill the target; its logits give the first new token, exactly as in ll.generate.
@@ -348,7 +349,7 @@ def speculative_generate(
         finished = _finished(output, active, eos, max_new_tokens, reasons)
 
     new = [torch.tensor(o, dtype=torch.long, device=device) for o in output]
-    prompts = [row[m.bool()] for row, m in zip(ids, _prompt_mask(ids, input_ids, attention_mask, tokenizer, n))]
+    prompts = [row[m.bool()] for row, m in zip(ids, prompt_mask)]
     result.new_tokens = new
     result.sequences = [torch.cat([pr, t]) for pr, t in zip(prompts, new)]
     if tokenizer is not None:
@@ -382,7 +383,3 @@ def _finished(output, active, eos, max_new_tokens, reasons) -> torch.Tensor:
             done.append(False)
     return torch.tensor(done, dtype=torch.bool, device=active.device)
 
-
-def _prompt_mask(ids, input_ids, attention_mask, tokenizer, n):
-    _, mask = _prompt_batch(input_ids, attention_mask, tokenizer, ids.device)
-    return mask.repeat_interleave(n, dim=0)

@@ -139,7 +139,7 @@ def score_tree(model, input_ids, parents, tokens) -> tuple[torch.Tensor, torch.T
     device = _model_device(model)
     ids = _prompt(input_ids, device)
     tokens = _check_tokens(tokens, len(parents), model, device)
-    out = model(input_ids=ids, use_cache=True)
+    out = model(input_ids=ids, use_cache=True, logits_to_keep=1)  # only the last position's logits are used
     first = out.logits[0, -1:].float()  # [1, V]: the distribution of the root's children
     logits, _ = _forward_nodes(model, out.past_key_values, ids.shape[1], parents, 0, tokens)
     # Each node's token was predicted by its parent's logits (the prompt's for the root's children).
@@ -269,7 +269,7 @@ def sample_tree(
     check_generator(generator, device)
     ids = _prompt(input_ids, device)
 
-    out = model(input_ids=ids, use_cache=True)  # prefill
+    out = model(input_ids=ids, use_cache=True, logits_to_keep=1)  # prefill; only the last logits are used
     cache, logits = out.past_key_values, out.logits[0, -1:].float()  # one row: the root
     parents, tokens, logprobs, raw = [], [], [], []
     level = [-1]  # the nodes whose children are drawn next, in the order of the rows of logits
