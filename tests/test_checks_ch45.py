@@ -78,3 +78,18 @@ def test_check_verify_accepts_a_right_answer_and_rejects_wrong_ones(capsys):
     for wrong in (residual_is_p, accept_always):
         with pytest.raises(CheckFailed):
             ll.checks.check_verify(wrong, trials=5000)
+
+
+def test_check_expected_tokens_accepts_a_right_answer_and_rejects_wrong_ones(capsys):
+    ll.checks.check_expected_tokens(lambda alpha, gamma: sum(alpha ** i for i in range(gamma + 1)))
+    assert "check_expected_tokens: all" in capsys.readouterr().out
+
+    wrong_answers = [
+        lambda alpha, gamma: sum(alpha ** i for i in range(1, gamma + 1)),  # forgets the token every call yields
+        lambda alpha, gamma: (1 - alpha ** gamma) / (1 - alpha),  # forgets the bonus token (and divides by 0)
+        lambda alpha, gamma: 1 / (1 - alpha) if alpha < 1 else float(gamma + 1),  # gamma = infinity
+        lambda alpha, gamma: None,  # forgets to return
+    ]
+    for wrong in wrong_answers:
+        with pytest.raises(CheckFailed):
+            ll.checks.check_expected_tokens(wrong)

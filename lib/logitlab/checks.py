@@ -539,3 +539,22 @@ def check_verify(fn, trials: int = 20_000) -> None:
                 f"{_show(counts / counts.sum())}, but it must follow the target's {_show(target)} "
                 f"(chi-square p-value {pvalue:.1e}). {hint}")
     print(f"check_verify: all {len(hand)} hand cases and the statistical test ({trials} calls) passed.")
+
+
+def check_expected_tokens(fn) -> None:
+    """Check ``fn(alpha, gamma) -> float``, the expected tokens per target call (chapter 6)."""
+    cases = [(0.0, 3, 1.0, "alpha = 0: every first draft is rejected, the call yields its one replacement token"),
+             (0.5, 1, 1.5, "gamma = 1: 1 + alpha"),
+             (0.6, 4, (1 - 0.6 ** 5) / 0.4, "the general case"),
+             (0.9, 10, (1 - 0.9 ** 11) / 0.1, "a long draft"),
+             (1.0, 4, 5.0, "alpha = 1: all gamma drafts and the bonus token (the closed form is 0/0 here)")]
+    for alpha, gamma, expected, name in cases:
+        label = f"expected_tokens({alpha}, {gamma}) ({name})"
+        got = _call(fn, label, alpha, gamma)
+        try:
+            got = float(got)
+        except (TypeError, ValueError):
+            raise CheckFailed(f"{label}: return a number, got {type(got).__name__}.") from None
+        if not abs(got - expected) <= 1e-9 * max(1.0, expected):
+            raise CheckFailed(f"{label}: expected {expected:.6f}, got {got:.6f}.")
+    print(f"check_expected_tokens: all {len(cases)} cases passed.")
