@@ -17,6 +17,10 @@ judged only by how often its proposals are accepted and by what it costs.
 * ``DraftModelDrafter``: a small language model with the target's tokenizer, sampling its
   proposals one at a time from its own (processed) distribution, with its own KV cache rolled
   back like the target's.
+* ``load_pretrained(target)``: the book's own draft model for SmolLM2-135M (one transformer
+  layer trained by ``python -m logitlab.train_draft``; it shares the target's embedding, so only
+  the layer and a norm are shipped, and its output layer scores only the 2048 tokens SmolLM2
+  uses most, the cheapest way found to make a draft step cheap).
 * ``PromptLookupDrafter``: no model at all. It finds the latest earlier occurrence of the
   context's last n tokens and proposes what followed it, with ``q`` one-hot on each proposal:
   very cheap, and good when the output copies from the input (summaries, edits, code).
@@ -25,6 +29,7 @@ judged only by how often its proposals are accepted and by what it costs.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import torch
 
@@ -174,3 +179,29 @@ def as_drafter(drafter):
         return DraftModelDrafter(drafter)
     raise ValueError("drafter must be a language model or an object with start, propose, rollback and "
                      f"select_rows (see logitlab.drafters), got {type(drafter).__name__}")
+
+
+# The shipped draft for SmolLM2-135M: its one layer and final norm in float16, and the ids of
+# the tokens its output layer scores (the embedding is the target's own and is not stored).
+# Written by logitlab.train_draft.
+PRETRAINED_DRAFT = Path(__file__).parent / "data" / "draft_smollm2_135m.safetensors"
+
+
+def load_pretrained(target, full_vocabulary: bool = False):
+    """The book's trained draft model for SmolLM2-135M, built around ``target``'s embedding.
+
+    Returns a Hugging Face ``LlamaForCausalLM`` with one layer: pass it as the drafter of
+    ``ll.speculative_generate`` or as ``assistant_model`` to Hugging Face's ``generate``. Its
+    output layer scores only the tokens SmolLM2 uses most (a ``SubsetHead``), which makes a draft
+    step several times cheaper; ``full_vocabulary=True`` gives it the whole output layer instead.
+    """
+    from .train_draft import load_draft
+
+    config = getattr(target, "config", None)
+    shape = tuple(getattr(config, k, None) for k in ("vocab_size", "hidden_size", "num_hidden_layers"))
+    if shape != (49152, 576, 30):
+        raise ValueError("target must be SmolLM2-135M (vocab 49152, hidden size 576, 30 layers), the model "
+                         f"the shipped draft was trained for; got (vocab, hidden, layers) = {shape}")
+    if not isinstance(full_vocabulary, bool):
+        raise ValueError(f"full_vocabulary must be True or False, got {full_vocabulary!r}")
+    return load_draft(target, str(PRETRAINED_DRAFT), full_vocabulary=full_vocabulary)
