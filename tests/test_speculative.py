@@ -242,11 +242,14 @@ def early_exit(smollm):
 PROMPTS = ["The capital of France is", "def add(a, b):\n    return", "Once upon a time, a little robot"]
 
 
-@pytest.mark.parametrize("which", ["early exit", "prompt lookup", "itself"])
+@pytest.mark.parametrize("which", ["shipped draft", "early exit", "prompt lookup", "itself"])
 def test_greedy_speculative_decoding_gives_the_greedy_tokens(smollm, early_exit, which):
     model, tokenizer = smollm
-    drafter = {"early exit": early_exit, "prompt lookup": PromptLookupDrafter(model.config.vocab_size),
-               "itself": model}[which]
+    if which == "shipped draft":
+        drafter = ll.drafters.load_pretrained(model)
+    else:
+        drafter = {"early exit": early_exit, "prompt lookup": PromptLookupDrafter(model.config.vocab_size),
+                   "itself": model}[which]
     ref = ll.generate(model, PROMPTS, tokenizer=tokenizer, max_new_tokens=24, temperature=0, eos_token_id=[])
     out = speculative_generate(model, drafter, PROMPTS, tokenizer=tokenizer, gamma=4, max_new_tokens=24,
                                temperature=0, eos_token_id=[])
@@ -296,3 +299,93 @@ def test_a_drafter_with_another_vocabulary_is_refused():
         speculative_generate(ll.toy_bigram(5), ll.toy_bigram(6), [[1]], gamma=2, max_new_tokens=3)
     with pytest.raises(ValueError, match="drafter"):
         speculative_generate(ll.toy_bigram(5), "a model", [[1]], gamma=2, max_new_tokens=3)
+
+
+# --- tiny random Llama models: exactness with a real transformer and its KV cache ---------------
+
+
+def tiny_llama(layers, seed, vocab=6):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=layers,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                         tie_word_embeddings=False, bos_token_id=0, eos_token_id=None, pad_token_id=0)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # sharper than the default init, so the two models really differ
+        model.lm_head.weight.mul_(40)
+    return model
+
+
+@torch.inference_mode()
+def exact_llama_probs(model, prompt, length, config):
+    """Every continuation of ``length`` tokens and its probability, from full forward passes."""
+    vocab = model.config.vocab_size
+    seqs = torch.tensor(list(itertools.product(range(vocab), repeat=length)))
+    ids = torch.cat([torch.tensor(prompt).expand(len(seqs), -1), seqs], dim=1)
+    logits = model(ids).logits[:, len(prompt) - 1: -1].float()
+    logp = torch.log_softmax(process_logits(logits.reshape(-1, vocab), config), dim=-1).reshape(logits.shape)
+    total = logp.gather(-1, seqs[..., None]).squeeze(-1).sum(-1).double().exp()
+    return {tuple(s.tolist()): p.item() for s, p in zip(seqs, total) if p > 0}
+
+
+@pytest.mark.parametrize("settings", [dict(temperature=1.0), dict(temperature=0.9, top_k=3)],
+                         ids=["T=1", "T=0.9 top-k 3"])
+def test_speculative_sampling_is_exact_with_tiny_llama_models(settings):
+    target, drafter = tiny_llama(2, seed=0), tiny_llama(1, seed=1)
+    prompts, rows, length = [[1, 2], [3, 4, 5]], 20_000, 3
+    out = speculative_generate(target, drafter, prompts, gamma=2, max_new_tokens=length, eos_token_id=[],
+                               num_return_sequences=rows, generator=torch.Generator().manual_seed(0), **settings)
+    assert 0.05 < out.alpha < 0.95  # the drafter differs: rejections, and with them rollbacks, happen
+    for b, prompt in enumerate(prompts):
+        samples = [t for t, i in zip(out.new_tokens, out.prompt_index) if i == b]
+        assert chi_square_pvalue(samples, exact_llama_probs(target, prompt, length, SamplingConfig(**settings))) > P_MIN
+
+
+def test_the_llama_exactness_test_detects_sampling_from_the_drafter():
+    target, drafter = tiny_llama(2, seed=0), tiny_llama(1, seed=1)
+    out = ll.generate(drafter, [[1, 2]], max_new_tokens=3, eos_token_id=[], num_return_sequences=20_000,
+                      generator=torch.Generator().manual_seed(0))
+    assert chi_square_pvalue(out.new_tokens, exact_llama_probs(target, [1, 2], 3, SamplingConfig())) < P_MIN
+
+
+class LogitsRecorder(torch.nn.Module):
+    """Passes calls on to a model and keeps, for each call, its input ids, positions and logits."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.calls, self.config = model, [], model.config
+
+    def forward(self, input_ids, position_ids=None, **kwargs):
+        out = self.model(input_ids=input_ids, position_ids=position_ids, **kwargs)
+        self.calls.append((input_ids.clone(), position_ids.clone(), out.logits.float().clone()))
+        return out
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_after_each_rollback_the_target_computes_what_a_fresh_forward_would(smollm, early_exit, temperature):
+    # Every logit the target produced inside the loop, at a position on the final (accepted)
+    # sequence, must equal the logit of a fresh forward pass over that sequence: the cache held
+    # exactly the accepted prefix, whatever was rejected before.
+    model, tokenizer = smollm
+    prompts = ["The capital of France is", "Once upon a time, a little robot who"]  # different lengths
+    target = LogitsRecorder(model)
+    out = speculative_generate(target, early_exit, prompts, tokenizer=tokenizer, gamma=4, max_new_tokens=20,
+                               temperature=temperature, eos_token_id=[], generator=torch.Generator().manual_seed(1))
+    assert out.alpha < 0.9 and len(target.calls) > 3
+    checked = 0
+    for row, sequence in enumerate(out.sequences):
+        with torch.inference_mode():
+            fresh = model(sequence[None]).logits[0].float()
+        for ids, positions, logits in target.calls[1:]:  # the prefill is a plain forward pass
+            if ids.shape[0] != len(prompts):
+                continue  # after a row finishes the batch shrinks and row indices shift
+            for j in range(ids.shape[1]):
+                pos = positions[row, j].item()
+                on_path = all(pos - j + i < len(sequence) and ids[row, i] == sequence[pos - j + i]
+                              for i in range(j + 1))
+                if not on_path:
+                    break  # a rejected draft: everything after it in this call is off the path
+                torch.testing.assert_close(logits[row, j], fresh[pos], atol=2e-3, rtol=1e-4)
+                checked += 1
+    assert checked > 30
