@@ -22,3 +22,21 @@ def test_speculative_rows_run_on_a_small_setting():
     table = bench.Table()
     bench.bench_speculative(table, model, tokenizer, new_tokens=12, gamma=3, repeat=1)
     assert len(table.rows) == 6 and all(r["seconds"] > 0 for r in table.rows)
+
+
+def test_draft_model_rows_run_on_a_small_setting():
+    import logitlab as ll
+
+    model, tokenizer = ll.load("smollm2-135m", device="cpu")
+    table = bench.Table()
+    bench.bench_draft_model(table, model, tokenizer, new_tokens=8, gamma=2, repeat=1)
+    assert len(table.rows) == 5 and all(r["seconds"] > 0 for r in table.rows)
+    assert "predicted" in table.rows[1]["measurement"] and table.rows[1]["ratio"] > 0
+
+
+def test_forward_seconds_times_decode_and_verification_passes_on_the_toy_model():
+    import logitlab as ll
+
+    model = ll.toy_model(vocab_size=5)
+    assert bench.forward_seconds(model, [1, 2, 3], 1, repeat=3) > 0
+    assert bench.forward_seconds(model, [1, 2, 3], 4, repeat=3) > 0

@@ -16,9 +16,12 @@ Rows:
 * parallel sampling: N samples of 32 tokens with ``num_return_sequences`` (N = 1, 4, 16, 64)
   against one sample; scoring a (4, 4, 2) token tree in one forward pass against path by path;
   ``ll.beam_search`` against Hugging Face's beam search (chapters 4 and 5);
-* speculative decoding (chapter 6, in progress): prompt lookup at temperature 0 on
-  input-grounded prompts (the answer copies the prompt) and on open-ended ones, against our
-  autoregressive loop and against Hugging Face's prompt-lookup decoding, with the same tokens;
+* speculative decoding (chapter 6): prompt lookup at temperature 0 on input-grounded prompts
+  (the answer copies the prompt) and on open-ended ones, against our autoregressive loop and
+  against Hugging Face's prompt-lookup decoding, with the same tokens; the shipped draft model
+  at temperature 0 and 1 against our autoregressive loop, with its acceptance rate, cost ratio
+  and the speedup the cost model predicts, and against Hugging Face's assisted generation with
+  the same draft;
 * the decoding loop: ``ll.generate`` against Hugging Face ``generate``, 128 new tokens, greedy
   and sampled, as a tokens-per-second ratio (the two loops run alternately, so both see the
   same machine load); decoding with against without the KV cache
@@ -39,7 +42,7 @@ import torch
 
 from . import models
 from .beam import beam_search
-from .generate import generate
+from .generate import _model_device, generate
 from .speculative import speculative_generate
 from .tree import sample_tree, score_paths, score_tree
 from .sampling import SamplingConfig, gumbel_max, next_token, process_logits, sample
@@ -270,7 +273,12 @@ def bench_speculative(table: Table, model, tokenizer, new_tokens: int = 96, gamm
 
     from .drafters import PromptLookupDrafter
 
+    from .speculative import speedup
+
     vocab = model.config.vocab_size
+    context = _chat(tokenizer, GROUNDED[0])[0].tolist()
+    step = forward_seconds(model, context, 1)
+    verify_cost = forward_seconds(model, context, gamma + 1) / step
     for label, questions in [("input-grounded", GROUNDED), ("open-ended", OPEN_ENDED)]:
         prompts = [_chat(tokenizer, q) for q in questions]
         results = {}
@@ -294,13 +302,106 @@ def bench_speculative(table: Table, model, tokenizer, new_tokens: int = 96, gamm
         for a, b in zip(results["ar"], results["pl"]):
             if a.new_tokens[0].tolist() != b.new_tokens[0].tolist():
                 raise AssertionError("prompt lookup changed the greedy tokens")
-        calls = sum(r.target_calls for r in results["pl"])
-        alpha = sum(r.alpha for r in results["pl"]) / len(prompts)
+        runs = results["pl"]
+        calls = sum(r.target_calls for r in runs)
+        alpha = _pooled_alpha(runs)
+        # c: the lookup's time per proposed token, in target steps (it proposes up to gamma at once)
+        c = sum(r.draft_seconds for r in runs) / max(1, gamma * sum(len(r.accepted) for r in runs)) / step
+        predicted = speedup(min(alpha, 0.999999), gamma, c, verify_cost)
         name = f"{len(prompts)} {label} prompts, {new_tokens} tokens each, greedy"
         table.add(f"ll.generate, {name}", ar_t)
-        table.add(f"prompt lookup (gamma={gamma}, alpha={alpha:.2f}, {new_tokens * len(prompts) / calls:.2f} "
-                  f"tokens per target call), {name}", pl_t, ar_t / pl_t, "faster than our AR loop")
+        table.add(f"prompt lookup (gamma={gamma}, alpha={alpha:.2f}, c={c:.4f}, v={verify_cost:.2f}, "
+                  f"{new_tokens * len(prompts) / calls:.2f} tokens per target call, predicted {predicted:.2f}x), "
+                  f"{name}", pl_t, ar_t / pl_t, "faster than our AR loop")
         table.add(f"Hugging Face prompt lookup, {name}", hf_t, hf_t / pl_t, "slower than ours (same algorithm)")
+
+
+def _pooled_alpha(runs) -> float:
+    """Drafts accepted / drafts examined, over all the calls of several runs."""
+    accepted = sum(n for r in runs for nums in r.accepted for n in nums)
+    examined = sum(min(n + 1, g) for r in runs for nums, g in zip(r.accepted, r.drafted) for n in nums)
+    return accepted / max(1, examined)
+
+
+def forward_seconds(model, context_ids, tokens: int, repeat: int = 15) -> float:
+    """Median time of one forward pass of ``model`` on ``tokens`` new tokens after a cached
+    context (``context_ids``, a list of ids): a decode step for ``tokens = 1``, a speculative
+    verification of ``tokens - 1`` drafts otherwise. The cache is cropped back after each pass."""
+    with torch.inference_mode():
+        device = _model_device(model)
+        cache = model(input_ids=torch.tensor([list(context_ids)], device=device), use_cache=True).past_key_values
+        new = torch.full((1, tokens), context_ids[-1], device=device)  # which tokens does not change the time
+        times = []
+        for _ in range(repeat + 1):
+            start = time.perf_counter()
+            cache = model(input_ids=new, past_key_values=cache, use_cache=True).past_key_values
+            times.append(time.perf_counter() - start)
+            cache.crop(-tokens)  # back to the context
+    return statistics.median(times[1:])  # the first pass warms up
+
+
+# Held out from the draft model's training prompts (see logitlab.train_draft).
+DRAFT_PROMPTS = ["Write a short story about a lighthouse keeper.", "Explain how a refrigerator keeps food cold."]
+
+
+@torch.inference_mode()
+def bench_draft_model(table: Table, model, tokenizer, new_tokens: int = 128, gamma: int = 4, repeat: int = 3) -> None:
+    """The shipped draft model against our AR loop at T = 0 and 1, with the predicted speedup,
+    and against Hugging Face's assisted generation with the same draft at T = 0."""
+    from .drafters import load_pretrained
+    from .speculative import speedup
+
+    draft = load_pretrained(model)
+    prompts = [_chat(tokenizer, q) for q in DRAFT_PROMPTS]
+    context = prompts[0][0].tolist() + list(range(1000, 1060))
+    step = forward_seconds(model, context, 1)
+    c = forward_seconds(draft, context, 1) / step
+    verify_cost = forward_seconds(model, context, gamma + 1) / step
+    draft.generation_config.num_assistant_tokens = gamma  # Hugging Face: a constant gamma, no early stop
+    draft.generation_config.num_assistant_tokens_schedule = "constant"
+    draft.generation_config.assistant_confidence_threshold = 0.0
+    for temperature in [0.0, 1.0]:
+        results = {}
+        seeds = lambda: [torch.Generator().manual_seed(i) for i in range(len(prompts))]  # noqa: E731
+
+        def ours():
+            results["ar"] = [generate(model, ids, max_new_tokens=new_tokens, temperature=temperature,
+                                      eos_token_id=[], generator=g) for ids, g in zip(prompts, seeds())]
+
+        def spec():
+            results["sd"] = [speculative_generate(model, draft, ids, gamma=gamma, max_new_tokens=new_tokens,
+                                                  temperature=temperature, eos_token_id=[], generator=g)
+                             for ids, g in zip(prompts, seeds())]
+
+        contenders = [ours, spec]
+        if temperature == 0:
+            from transformers import GenerationConfig
+
+            config = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                                      pad_token_id=2)
+
+            def theirs():
+                results["hf"] = [model.generate(ids, generation_config=config, assistant_model=draft)
+                                 for ids in prompts]
+
+            contenders.append(theirs)
+        times = interleaved_median_times(contenders, repeat=repeat)
+        runs = results["sd"]
+        if temperature == 0:
+            for a, b, h in zip(results["ar"], runs, results["hf"]):
+                if not a.new_tokens[0].tolist() == b.new_tokens[0].tolist() == h[0, -new_tokens:].tolist():
+                    raise AssertionError("greedy speculative decoding changed the greedy tokens")
+        alpha = _pooled_alpha(runs)
+        per_call = new_tokens * len(prompts) / sum(r.target_calls for r in runs)
+        predicted = speedup(min(alpha, 0.999999), gamma, c, verify_cost)
+        name = f"{len(prompts)} prompts, {new_tokens} tokens each, T={temperature:g}"
+        table.add(f"ll.generate, {name}", times[0])
+        table.add(f"draft model (gamma={gamma}, alpha={alpha:.2f}, c={c:.3f}, v={verify_cost:.2f}, "
+                  f"{per_call:.2f} tokens per call, predicted {predicted:.2f}x), {name}",
+                  times[1], times[0] / times[1], "faster than our AR loop")
+        if temperature == 0:
+            table.add(f"Hugging Face assisted generation, same draft, constant gamma={gamma}, {name}", times[2],
+                      times[2] / times[1], "slower than ours (same algorithm)")
 
 
 def cpu_name() -> str:
@@ -321,7 +422,7 @@ def main(argv=None) -> Table:
     parser.add_argument("--skip-parallel", action="store_true",
                         help="skip the batch, tree and beam-search rows (about 1 min)")
     parser.add_argument("--skip-speculative", action="store_true",
-                        help="skip the speculative-decoding rows (about 2 min)")
+                        help="skip the speculative-decoding rows (about 4 min)")
     parser.add_argument("--json", default="bench-out/bench.json", help="where to write the results as JSON")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
@@ -336,6 +437,7 @@ def main(argv=None) -> Table:
         bench_parallel(table, model, tokenizer)
     if not args.skip_speculative:
         bench_speculative(table, model, tokenizer)
+        bench_draft_model(table, model, tokenizer)
     machine = f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, device cpu"
     print(f"Machine: {machine}")
     print(table.markdown())
