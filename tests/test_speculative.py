@@ -389,3 +389,18 @@ def test_after_each_rollback_the_target_computes_what_a_fresh_forward_would(smol
                 torch.testing.assert_close(logits[row, j], fresh[pos], atol=2e-3, rtol=1e-4)
                 checked += 1
     assert checked > 30
+
+
+def test_run_statistics_count_the_passes_and_time_them():
+    target, drafter = ll.toy_model(vocab_size=5, seed=0), ll.toy_model(vocab_size=5, seed=1)
+    out = speculative_generate(target, drafter, [[1], [2, 3]], gamma=3, max_new_tokens=10, eos_token_id=[],
+                               generator=torch.Generator().manual_seed(0))
+    # One draft-model pass per proposed token, plus the prefill of the prompts.
+    assert out.drafter_steps == 1 + sum(out.drafted)
+    assert out.target_calls == 1 + len(out.accepted) and len(out.accepted) == len(out.drafted)
+    assert out.draft_step_seconds == pytest.approx(out.draft_seconds / sum(out.drafted))
+    assert out.verify_call_seconds == pytest.approx(out.verify_seconds / len(out.accepted))
+    assert 0 < out.draft_seconds + out.verify_seconds < out.seconds
+    lookup = speculative_generate(target, PromptLookupDrafter(5), [[1, 2, 1, 2, 1]], gamma=3, max_new_tokens=6,
+                                  eos_token_id=[], generator=torch.Generator().manual_seed(0))
+    assert lookup.drafter_steps == 0 and lookup.draft_step_seconds == 0.0 and lookup.verify_call_seconds > 0

@@ -218,6 +218,20 @@ class SpeculativeResult:
                 examined += min(n + 1, g)
         return accepted / max(1, examined)
 
+    @property
+    def draft_step_seconds(self) -> float:
+        """Mean wall time of one forward pass of the draft model while proposing (0 without one).
+        Divided by the time of a plain decode step of the target, this is the cost ratio ``c``."""
+        steps = self.drafter_steps - 1  # the drafter's prefill of the prompt is not a draft step
+        return self.draft_seconds / steps if steps > 0 else 0.0
+
+    @property
+    def verify_call_seconds(self) -> float:
+        """Mean wall time of one verification call (the target's pass over the pending token and
+        the drafts, and the acceptance rule). Divided by a decode step's time, this is ``v``."""
+        calls = self.target_calls - 1  # the prefill is not a verification
+        return self.verify_seconds / calls if calls > 0 else 0.0
+
     def acceptance_by_position(self) -> torch.Tensor:
         """For each draft position i, the share of calls that reached it and accepted it."""
         g = max(self.drafted, default=0)
