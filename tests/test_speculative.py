@@ -404,3 +404,16 @@ def test_run_statistics_count_the_passes_and_time_them():
     lookup = speculative_generate(target, PromptLookupDrafter(5), [[1, 2, 1, 2, 1]], gamma=3, max_new_tokens=6,
                                   eos_token_id=[], generator=torch.Generator().manual_seed(0))
     assert lookup.drafter_steps == 0 and lookup.draft_step_seconds == 0.0 and lookup.verify_call_seconds > 0
+
+
+def test_pooled_alpha_weighs_every_examined_draft_once():
+    from logitlab.speculative import SpeculativeResult, pooled_alpha
+
+    def run(accepted, drafted):
+        return SpeculativeResult([], [torch.zeros(1)], ["length"], None, [0], accepted=accepted, drafted=drafted)
+
+    # Run 1: one call of 3 drafts, 1 accepted (2 examined: the accepted one and the rejected
+    # one); run 2: two calls of 2 drafts, both accepted (2 examined), then the first rejected (1).
+    a, b = run([[1]], [3]), run([[2], [0]], [2, 2])
+    assert a.alpha == pytest.approx(1 / 2) and b.alpha == pytest.approx(2 / 3)
+    assert pooled_alpha([a, b]) == pytest.approx(3 / 5)  # not the mean of 1/2 and 2/3

@@ -43,7 +43,7 @@ import torch
 from . import models
 from .beam import beam_search
 from .generate import _model_device, generate
-from .speculative import speculative_generate
+from .speculative import pooled_alpha, speculative_generate
 from .tree import sample_tree, score_paths, score_tree
 from .sampling import SamplingConfig, gumbel_max, next_token, process_logits, sample
 
@@ -304,7 +304,7 @@ def bench_speculative(table: Table, model, tokenizer, new_tokens: int = 96, gamm
                 raise AssertionError("prompt lookup changed the greedy tokens")
         runs = results["pl"]
         calls = sum(r.target_calls for r in runs)
-        alpha = _pooled_alpha(runs)
+        alpha = pooled_alpha(runs)
         # c: the lookup's time per proposed token, in target steps (it proposes up to gamma at once)
         c = sum(r.draft_seconds for r in runs) / max(1, gamma * sum(len(r.accepted) for r in runs)) / step
         predicted = speedup(min(alpha, 0.999999), gamma, c, verify_cost)
@@ -314,13 +314,6 @@ def bench_speculative(table: Table, model, tokenizer, new_tokens: int = 96, gamm
                   f"{new_tokens * len(prompts) / calls:.2f} tokens per target call, predicted {predicted:.2f}x), "
                   f"{name}", pl_t, ar_t / pl_t, "faster than our AR loop")
         table.add(f"Hugging Face prompt lookup, {name}", hf_t, hf_t / pl_t, "slower than ours (same algorithm)")
-
-
-def _pooled_alpha(runs) -> float:
-    """Drafts accepted / drafts examined, over all the calls of several runs."""
-    accepted = sum(n for r in runs for nums in r.accepted for n in nums)
-    examined = sum(min(n + 1, g) for r in runs for nums, g in zip(r.accepted, r.drafted) for n in nums)
-    return accepted / max(1, examined)
 
 
 def forward_seconds(model, context_ids, tokens: int, repeat: int = 15) -> float:
@@ -391,7 +384,7 @@ def bench_draft_model(table: Table, model, tokenizer, new_tokens: int = 128, gam
             for a, b, h in zip(results["ar"], runs, results["hf"]):
                 if not a.new_tokens[0].tolist() == b.new_tokens[0].tolist() == h[0, -new_tokens:].tolist():
                     raise AssertionError("greedy speculative decoding changed the greedy tokens")
-        alpha = _pooled_alpha(runs)
+        alpha = pooled_alpha(runs)
         per_call = new_tokens * len(prompts) / sum(r.target_calls for r in runs)
         predicted = speedup(min(alpha, 0.999999), gamma, c, verify_cost)
         name = f"{len(prompts)} prompts, {new_tokens} tokens each, T={temperature:g}"

@@ -88,6 +88,14 @@ def _check_alpha_gamma(alpha, gamma):
     return float(alpha), gamma
 
 
+def pooled_alpha(results) -> float:
+    """The acceptance rate over several runs: all their drafts accepted / all drafts examined
+    (``SpeculativeResult.alpha`` pooled, so that runs with more calls weigh more)."""
+    accepted = sum(n for r in results for nums in r.accepted for n in nums)
+    examined = sum(min(n + 1, g) for r in results for nums, g in zip(r.accepted, r.drafted) for n in nums)
+    return accepted / max(1, examined)
+
+
 # --- One verification step ---------------------------------------------------------------------
 
 
