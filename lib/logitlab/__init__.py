@@ -8,7 +8,7 @@
 Each module follows a chapter of the book and says which one.
 """
 
-from . import checks, drafters, metrics, penalties, processors, speculative, tree, viz
+from . import checks, drafters, metrics, penalties, processors, speculative, tree, typical_acceptance, viz
 from .models import device, load, next_token_logits, toy_bigram, toy_model
 from .probs import apply_temperature, entropy, kl, log_softmax, softmax, tv_distance
 from .generate import GenerationResult, generate
@@ -16,6 +16,7 @@ from .sampling import SamplingConfig, greedy, gumbel_max, next_token, sample
 from .beam import BeamSearchResult, beam_search
 from .best_of_n import BestOfN, best_of_n
 from .speculative import SpeculativeResult, speculative_generate
+from .typical_acceptance import TypicalAcceptance, typical_accept
 from .tree import TokenTree, gumbel_top_k, sample_tree, score_paths, score_tree, tree_attention_mask, tree_position_ids
 
 __version__ = "0.1.0"
@@ -29,6 +30,9 @@ __all__ = [
     "speculative",
     "speculative_generate",
     "SpeculativeResult",
+    "typical_acceptance",
+    "TypicalAcceptance",
+    "typical_accept",
     "tree",
     "viz",
     "apply_temperature",

@@ -1,0 +1,119 @@
+"""Typical acceptance (Medusa's rule): the criterion by hand, against a plain loop, greedy at
+temperature 0, and its (inexactness) on the toy model."""
+
+import itertools
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+import logitlab as ll
+from logitlab.sampling import SamplingConfig
+from logitlab.speculative import speculative_generate
+from logitlab.typical_acceptance import TypicalAcceptance, typical_accept, typical_threshold
+
+SURE = [0.97, 0.01, 0.01, 0.01]  # low entropy: the bar is epsilon
+FLAT = [0.25, 0.25, 0.25, 0.25]  # entropy log 4: the bar is delta / 4 = 0.075
+SPLIT = [0.5, 0.45, 0.05, 0.0]
+
+
+def test_threshold_by_hand():
+    p = torch.tensor([SURE, FLAT, SPLIT])
+    h_sure = -(0.97 * math.log(0.97) + 3 * 0.01 * math.log(0.01))
+    expected = [min(0.09, 0.3 * math.exp(-h_sure)), 0.3 / 4, 0.09]
+    torch.testing.assert_close(typical_threshold(p, 0.09, 0.3), torch.tensor(expected, dtype=torch.float64))
+    # Twelve equally likely tokens: each has 1/12 = 0.083 < epsilon, but the bar falls to 0.3/12.
+    assert typical_threshold(torch.full((12,), 1 / 12), 0.09, 0.3).item() == pytest.approx(0.025)
+
+
+def test_typical_accept_keeps_the_prefix_that_passes():
+    p = torch.tensor([[SURE, FLAT, FLAT],  # row 0: 0.97 passes, 0.25 passes (bonus position ignored)
+                      [SURE, FLAT, FLAT],  # row 1: 0.01 fails at once
+                      [SPLIT, SURE, FLAT]])  # row 2: 0.45 passes, then 0.01 fails
+    drafts = torch.tensor([[0, 1], [1, 0], [1, 1]])
+    assert typical_accept(drafts, p, 0.09, 0.3).tolist() == [2, 0, 1]
+    assert typical_accept(drafts, p[:, :2], 0.09, 0.3).tolist() == [2, 0, 1]  # without the bonus position
+    # 0.05 is under epsilon = 0.09 but over 0.04: the bar moves with epsilon.
+    assert typical_accept(torch.tensor([[2]]), torch.tensor([[SPLIT]]), 0.09, 0.3).item() == 0
+    assert typical_accept(torch.tensor([[2]]), torch.tensor([[SPLIT]]), 0.04, 0.3).item() == 1
+
+
+def test_typical_accept_matches_a_plain_loop_on_random_cases():
+    gen = torch.Generator().manual_seed(0)
+    for epsilon, delta in [(0.09, 0.3), (0.3, 0.5), (0.01, 0.1)]:
+        p = torch.distributions.Dirichlet(torch.full((6,), 0.3)).sample((50, 5))
+        drafts = torch.randint(0, 6, (50, 4), generator=gen)
+        expected = []
+        for b in range(50):
+            n = 0
+            for i, d in enumerate(drafts[b].tolist()):
+                probs = p[b, i].double()
+                h = -sum(x * math.log(x) for x in probs.tolist() if x > 0)
+                if probs[d].item() > min(epsilon, delta * math.exp(-h)):
+                    n += 1
+                else:
+                    break
+            expected.append(n)
+        assert typical_accept(drafts, p, epsilon, delta).tolist() == expected
+
+
+@pytest.mark.parametrize("next_token", ["argmax", "sample"])
+def test_typical_acceptance_is_greedy_decoding_at_temperature_zero(next_token):
+    target, drafter = ll.toy_model(vocab_size=6, order=2, seed=0), ll.toy_model(vocab_size=6, order=2, seed=1)
+    prompts = [[1], [2, 3], [4, 0, 5]]
+    ref = ll.generate(target, prompts, max_new_tokens=12, temperature=0, eos_token_id=[])
+    out = speculative_generate(target, drafter, prompts, gamma=3, max_new_tokens=12, temperature=0, eos_token_id=[],
+                               acceptance=TypicalAcceptance(next_token=next_token))
+    assert [t.tolist() for t in out.new_tokens] == [t.tolist() for t in ref.new_tokens]
+    assert 0 < out.alpha < 1  # some drafts were kept and some were not
+
+
+def sequence_tv(target, drafter, acceptance, samples=20_000, length=3):
+    """Total variation between the output distribution of 3-token continuations and the target's."""
+    vocab = target.config.vocab_size
+    seqs = list(itertools.product(range(vocab), repeat=length))
+    with torch.inference_mode():
+        ids = torch.tensor([[1] + list(s) for s in seqs])
+        logp = torch.log_softmax(target(ids).logits[:, :-1].double(), dim=-1)
+        exact = logp.gather(-1, ids[:, 1:, None]).squeeze(-1).sum(-1).exp()
+    out = speculative_generate(target, drafter, [[1]], gamma=2, max_new_tokens=length, eos_token_id=[],
+                               num_return_sequences=samples, acceptance=acceptance,
+                               generator=torch.Generator().manual_seed(0))
+    counts = Counter(tuple(t.tolist()) for t in out.new_tokens)
+    return 0.5 * sum(abs(counts.get(s, 0) / samples - e.item()) for s, e in zip(seqs, exact))
+
+
+def test_typical_acceptance_shifts_the_distribution_less_as_epsilon_grows():
+    # With delta large the bar is epsilon itself; with next_token="sample", epsilon -> 1 accepts
+    # (almost) nothing and every token is a sample of p: the rule's exact limit. Sampling noise
+    # alone gives a TV of about 0.01 here (rejection sampling, exact, is the reference). Measured:
+    # 0.26, 0.15 and 0.01 for epsilon = 0.09, 0.4, 0.99.
+    target, drafter = ll.toy_model(vocab_size=4, order=2, seed=0), ll.toy_model(vocab_size=4, order=2, seed=1)
+    noise = sequence_tv(target, drafter, ll.speculative.RejectionSampling())
+    tvs = [sequence_tv(target, drafter, TypicalAcceptance(eps, 100.0, next_token="sample")) for eps in (0.09, 0.4, 0.99)]
+    assert tvs[0] > tvs[1] > tvs[2] and tvs[0] > 10 * noise
+    assert tvs[2] < 1.5 * noise + 0.01
+    # Medusa's argmax next token has no exact limit: accepting nothing leaves greedy decoding.
+    assert sequence_tv(target, drafter, TypicalAcceptance(0.99, 100.0, next_token="argmax")) > 10 * noise
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(epsilon=0.0), "epsilon"), (dict(epsilon=1.0), "epsilon"), (dict(epsilon=True), "epsilon"),
+    (dict(delta=0.0), "delta"), (dict(delta=-1), "delta"), (dict(next_token="top"), "next_token"),
+])
+def test_bad_arguments_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        TypicalAcceptance(**kwargs)
+
+
+def test_bad_shapes_raise():
+    p = torch.tensor([[SURE, FLAT]])
+    with pytest.raises(ValueError, match="draft_tokens"):
+        typical_accept(torch.tensor([[0.5]]), p, 0.09, 0.3)
+    with pytest.raises(ValueError, match="p must have shape"):
+        typical_accept(torch.tensor([[0, 1, 2]]), p, 0.09, 0.3)
+    with pytest.raises(ValueError, match="token ids"):
+        typical_accept(torch.tensor([[7]]), p, 0.09, 0.3)
+    with pytest.raises(ValueError, match="p"):
+        typical_accept(torch.tensor([[0]]), torch.tensor([[[0.5, 0.6, 0.0, 0.0]]]), 0.09, 0.3)
