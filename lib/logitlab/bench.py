@@ -415,7 +415,7 @@ def main(argv=None) -> Table:
     parser.add_argument("--skip-parallel", action="store_true",
                         help="skip the batch, tree and beam-search rows (about 1 min)")
     parser.add_argument("--skip-speculative", action="store_true",
-                        help="skip the speculative-decoding rows (about 4 min)")
+                        help="skip the speculative-decoding rows (about 8 min)")
     parser.add_argument("--json", default="bench-out/bench.json", help="where to write the results as JSON")
     args = parser.parse_args(argv)
     torch.manual_seed(0)

@@ -219,12 +219,7 @@ class SpeculativeResult:
     def alpha(self) -> float:
         """The measured acceptance rate: drafts accepted / drafts examined. A call examines its
         drafts up to the first rejection (all of them if none is rejected)."""
-        accepted = examined = 0
-        for nums, g in zip(self.accepted, self.drafted):
-            for n in nums:
-                accepted += n
-                examined += min(n + 1, g)
-        return accepted / max(1, examined)
+        return pooled_alpha([self])
 
     @property
     def draft_step_seconds(self) -> float:
