@@ -7,7 +7,7 @@ from logitlab import bench
 
 def test_bench_prints_a_table_and_writes_json(capsys, tmp_path):
     out_file = tmp_path / "bench.json"
-    bench.main(["--skip-load", "--skip-generate", "--skip-speculative", "--json", str(out_file)])
+    bench.main(["--skip-load", "--skip-generate", "--skip-speculative", "--skip-typical", "--json", str(out_file)])
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ") and " ms |" in line]
     assert len(rows) == 16  # 8 sampling rows, then 8 of batch sampling, tree scoring and beam search
@@ -40,3 +40,13 @@ def test_forward_seconds_times_decode_and_verification_passes_on_the_toy_model()
     model = ll.toy_model(vocab_size=5)
     assert bench.forward_seconds(model, [1, 2, 3], 1, repeat=3) > 0
     assert bench.forward_seconds(model, [1, 2, 3], 4, repeat=3) > 0
+
+
+def test_typical_rows_run_on_a_small_setting():
+    import logitlab as ll
+
+    model, tokenizer = ll.load("smollm2-135m", device="cpu")
+    table = bench.Table()
+    bench.bench_typical(table, model, tokenizer, new_tokens=8, temperatures=(0.0, 1.0), repeat=1)
+    assert len(table.rows) == 4 + 5 and all(r["seconds"] > 0 for r in table.rows)
+    assert "tree (3, 2, 1)" in table.rows[3]["measurement"] and "typical" in table.rows[8]["measurement"]

@@ -1,9 +1,7 @@
 """Typical acceptance (Medusa's rule): the criterion by hand, against a plain loop, greedy at
 temperature 0, and its (inexactness) on the toy model."""
 
-import itertools
 import math
-from collections import Counter
 
 import pytest
 import torch
@@ -11,7 +9,7 @@ import torch
 import logitlab as ll
 from logitlab.sampling import SamplingConfig
 from logitlab.speculative import speculative_generate
-from logitlab.typical_acceptance import TypicalAcceptance, typical_accept, typical_threshold
+from logitlab.typical_acceptance import TypicalAcceptance, output_distance, typical_accept, typical_threshold
 
 SURE = [0.97, 0.01, 0.01, 0.01]  # low entropy: the bar is epsilon
 FLAT = [0.25, 0.25, 0.25, 0.25]  # entropy log 4: the bar is delta / 4 = 0.075
@@ -69,19 +67,8 @@ def test_typical_acceptance_is_greedy_decoding_at_temperature_zero(next_token):
     assert 0 < out.alpha < 1  # some drafts were kept and some were not
 
 
-def sequence_tv(target, drafter, acceptance, samples=20_000, length=3):
-    """Total variation between the output distribution of 3-token continuations and the target's."""
-    vocab = target.config.vocab_size
-    seqs = list(itertools.product(range(vocab), repeat=length))
-    with torch.inference_mode():
-        ids = torch.tensor([[1] + list(s) for s in seqs])
-        logp = torch.log_softmax(target(ids).logits[:, :-1].double(), dim=-1)
-        exact = logp.gather(-1, ids[:, 1:, None]).squeeze(-1).sum(-1).exp()
-    out = speculative_generate(target, drafter, [[1]], gamma=2, max_new_tokens=length, eos_token_id=[],
-                               num_return_sequences=samples, acceptance=acceptance,
-                               generator=torch.Generator().manual_seed(0))
-    counts = Counter(tuple(t.tolist()) for t in out.new_tokens)
-    return 0.5 * sum(abs(counts.get(s, 0) / samples - e.item()) for s, e in zip(seqs, exact))
+def sequence_tv(target, drafter, acceptance):
+    return output_distance(target, drafter, acceptance, prompt=[1], length=3, samples=20_000, gamma=2)
 
 
 def test_typical_acceptance_shifts_the_distribution_less_as_epsilon_grows():
@@ -117,3 +104,9 @@ def test_bad_shapes_raise():
         typical_accept(torch.tensor([[7]]), p, 0.09, 0.3)
     with pytest.raises(ValueError, match="p"):
         typical_accept(torch.tensor([[0]]), torch.tensor([[[0.5, 0.6, 0.0, 0.0]]]), 0.09, 0.3)
+
+
+def test_output_distance_refuses_a_vocabulary_too_large_to_enumerate():
+    big = ll.toy_model(vocab_size=50, order=2, seed=0)
+    with pytest.raises(ValueError, match="vocab_size"):
+        output_distance(big, big, TypicalAcceptance(), length=3)

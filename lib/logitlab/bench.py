@@ -22,6 +22,10 @@ Rows:
   at temperature 0 and 1 against our autoregressive loop, with its acceptance rate, cost ratio
   and the speedup the cost model predicts, and against Hugging Face's assisted generation with
   the same draft;
+* Medusa heads and typical acceptance (chapter 7): the shipped heads at temperature 0 as a chain
+  and as a tree (same tokens as greedy decoding), and at 0.7, 1.0 and 1.3 as a chain under
+  rejection sampling and under typical acceptance, each with its tokens per target call,
+  against our autoregressive loop;
 * the decoding loop: ``ll.generate`` against Hugging Face ``generate``, 128 new tokens, greedy
   and sampled, as a tokens-per-second ratio (the two loops run alternately, so both see the
   same machine load); decoding with against without the KV cache
@@ -397,6 +401,63 @@ def bench_draft_model(table: Table, model, tokenizer, new_tokens: int = 128, gam
                       times[2] / times[1], "slower than ours (same algorithm)")
 
 
+@torch.inference_mode()
+def bench_typical(table: Table, model, tokenizer, new_tokens: int = 64, gamma: int = 3,
+                  trees=((2, 1), (3, 2, 1)), temperatures=(0.0, 0.7, 1.0, 1.3), repeat: int = 3) -> None:
+    """The shipped Medusa heads (chapter 7) against our AR loop. At T = 0: as a chain and as
+    trees, all greedy (checked to give the same tokens). Above 0: as a chain under rejection
+    sampling (the heads proposing their top tokens, then sampling them) and under typical
+    acceptance (Medusa's defaults, argmax next token), and as the largest tree under typical
+    acceptance."""
+    from .drafters import MedusaDrafter
+    from .medusa import load_heads, medusa_generate
+    from .typical_acceptance import TypicalAcceptance
+
+    heads = load_heads(model)
+    prompts = [_chat(tokenizer, q) for q in DRAFT_PROMPTS]
+    typical = TypicalAcceptance()
+    for temperature in temperatures:
+        common = dict(max_new_tokens=new_tokens, temperature=temperature, eos_token_id=[])
+
+        def chain(proposals="argmax", acceptance=None):
+            return lambda ids, g: speculative_generate(model, MedusaDrafter(heads, proposals), ids, gamma=gamma,
+                                                       acceptance=acceptance, generator=g, **common)
+
+        def tree(branching, acceptance=None):
+            return lambda ids, g: medusa_generate(model, heads, ids, branching=branching, acceptance=acceptance,
+                                                  generator=g, **common)
+
+        runs = {"ll.generate": lambda ids, g: generate(model, ids, generator=g, **common)}
+        if temperature == 0:
+            runs[f"Medusa heads, chain (gamma={gamma})"] = chain()
+            runs.update({f"Medusa heads, tree {b}": tree(b) for b in trees})
+        else:
+            runs[f"Medusa heads, chain (gamma={gamma}), rejection sampling, argmax proposals"] = chain()
+            runs[f"Medusa heads, chain (gamma={gamma}), rejection sampling, sampled proposals"] = chain("sample")
+            runs[f"Medusa heads, chain (gamma={gamma}), typical acceptance"] = chain(acceptance=typical)
+            runs[f"Medusa heads, tree {trees[-1]}, typical acceptance"] = tree(trees[-1], typical)
+        results = {}
+
+        def timed(label):
+            def fn():
+                results[label] = [run(ids, torch.Generator().manual_seed(i))
+                                  for i, ids in enumerate(prompts) for run in [runs[label]]]
+            return fn
+
+        times = interleaved_median_times([timed(label) for label in runs], repeat=repeat)
+        if temperature == 0:
+            greedy = [r.new_tokens[0].tolist() for r in results["ll.generate"]]
+            for label, outs in results.items():
+                if [r.new_tokens[0].tolist() for r in outs] != greedy:
+                    raise AssertionError(f"{label} changed the greedy tokens")
+        name = f"{len(prompts)} prompts, {new_tokens} tokens each, T={temperature:g}"
+        table.add(f"ll.generate, {name}", times[0])
+        for label, seconds in list(zip(runs, times))[1:]:
+            per_call = new_tokens * len(prompts) / sum(r.target_calls for r in results[label])
+            table.add(f"{label} ({per_call:.2f} tokens per call), {name}", seconds, times[0] / seconds,
+                      "faster than our AR loop")
+
+
 def cpu_name() -> str:
     """The processor's model name where Linux tells it, else the architecture."""
     try:
@@ -416,6 +477,8 @@ def main(argv=None) -> Table:
                         help="skip the batch, tree and beam-search rows (about 1 min)")
     parser.add_argument("--skip-speculative", action="store_true",
                         help="skip the speculative-decoding rows (about 8 min)")
+    parser.add_argument("--skip-typical", action="store_true",
+                        help="skip the Medusa-heads and typical-acceptance rows (about 6 min)")
     parser.add_argument("--json", default="bench-out/bench.json", help="where to write the results as JSON")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
@@ -431,6 +494,8 @@ def main(argv=None) -> Table:
     if not args.skip_speculative:
         bench_speculative(table, model, tokenizer)
         bench_draft_model(table, model, tokenizer)
+    if not args.skip_typical:
+        bench_typical(table, model, tokenizer)
     machine = f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, device cpu"
     print(f"Machine: {machine}")
     print(table.markdown())

@@ -1,6 +1,6 @@
 """Drafters: who proposes the tokens that speculative sampling verifies.
 
-Chapter 6 ("Speculative sampling") explains this module; later chapters add drafters.
+Chapter 6 ("Speculative sampling") explains this module; chapter 7 adds Medusa heads.
 
 A drafter is any object with four methods, called by ``ll.speculative_generate``:
 
@@ -21,6 +21,10 @@ judged only by how often its proposals are accepted and by what it costs.
   layer trained by ``python -m logitlab.train_draft``; it shares the target's embedding, so only
   the layer and a norm are shipped, and its output layer scores only the 2048 tokens SmolLM2
   uses most, the cheapest way found to make a draft step cheap).
+* ``MedusaDrafter`` (chapter 7): Medusa heads (``logitlab.medusa``) guessing from the target's
+  own last hidden state, one guess per head; it also has ``observe(hidden)`` and
+  ``reads_hidden_state = True``, which tell the loop to hand it that state after every pass.
+  ``load_medusa(target)`` gives the book's heads for SmolLM2-135M.
 * ``PromptLookupDrafter``: no model at all. It finds the latest earlier occurrence of the
   context's last n tokens and proposes what followed it, with ``q`` one-hot on each proposal:
   very cheap, and good when the output copies from the input (summaries, edits, code).
@@ -169,6 +173,62 @@ class PromptLookupDrafter:
 
     def select_rows(self, keep: torch.Tensor) -> None:
         self.history = [self.history[i] for i in keep.tolist()]
+
+
+class MedusaDrafter:
+    """Proposals from Medusa heads (``logitlab.medusa``), verified as a chain.
+
+    The heads read the target's last hidden state where the pending token was predicted, so
+    this drafter has ``reads_hidden_state = True`` and ``observe(hidden [B, H])``: the loop of
+    ``ll.speculative_generate`` hands it that state after every target pass. ``propose`` then
+    costs one small block and one output product per head, and no forward pass of any model.
+    ``proposals="argmax"`` (Medusa's choice) proposes each head's most likely token, with ``q``
+    one-hot on it; ``"sample"`` draws from each head's processed distribution, which is ``q``.
+    """
+
+    reads_hidden_state = True
+
+    def __init__(self, heads, proposals: str = "argmax"):
+        if not all(hasattr(heads, a) for a in ("num_heads", "vocab_size")):
+            raise ValueError("heads must be MedusaHeads (see logitlab.medusa.load_heads)")
+        if proposals not in ("argmax", "sample"):
+            raise ValueError(f"proposals must be 'argmax' or 'sample', got {proposals!r}")
+        self.heads, self.proposals = heads, proposals
+        self.vocab_size = heads.vocab_size
+        self.steps = 0  # calls of the heads
+        self.hidden = None
+
+    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+        self.hidden, self.steps = None, 0
+
+    def observe(self, hidden: torch.Tensor) -> None:
+        self.hidden = hidden
+
+    @torch.inference_mode()
+    def propose(self, next_tokens, gamma, config: SamplingConfig, generator=None):
+        if self.hidden is None:
+            raise ValueError("MedusaDrafter needs the target's hidden state: use it in ll.speculative_generate")
+        g = min(gamma, self.heads.num_heads)  # one guess per head, no more
+        logits = self.heads(self.hidden)[:, :g].float()  # [B, g, V]
+        self.steps += 1
+        if self.proposals == "argmax" or config.temperature == 0:
+            tokens = logits.argmax(dim=-1)
+            return tokens, torch.nn.functional.one_hot(tokens, self.vocab_size).float()
+        q = softmax(process_logits(logits, config))
+        return sample(process_logits(logits, config), 1.0, generator), q
+
+    def rollback(self, num_accepted: torch.Tensor) -> None:
+        pass  # no state of its own beyond the hidden state, which the loop replaces
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        self.hidden = self.hidden[keep]
+
+
+def load_medusa(target, proposals: str = "argmax") -> MedusaDrafter:
+    """The book's trained Medusa heads for SmolLM2-135M (``logitlab.medusa.load_heads``) as a drafter."""
+    from .medusa import load_heads
+
+    return MedusaDrafter(load_heads(target), proposals)
 
 
 def as_drafter(drafter):

@@ -299,12 +299,24 @@ def speculative_generate(
     prompt_mask = mask  # the loop extends `mask`; the prompts are read back from this one
     rows = ids.shape[0]
 
+    # A drafter such as Medusa heads reads the target's last hidden state: then each target pass
+    # is split into its body and its output layer (logitlab.medusa.body_and_logits).
+    reads_hidden = getattr(drafter, "reads_hidden_state", False)
+    if reads_hidden:
+        from .medusa import _check_target, body_and_logits
+
+        _check_target(target)
+
     # Prefill the target; its logits give the first new token, exactly as in ll.generate.
     positions = (mask.cumsum(dim=-1) - 1).clamp_min(0)
-    out = target(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-    cache = out.past_key_values
-    first = _choose(out.logits[:, -1].float(), config, generator)
     drafter.start(ids, mask)
+    if reads_hidden:
+        cache, hidden, logits = body_and_logits(target, input_ids=ids, attention_mask=mask, position_ids=positions)
+        drafter.observe(hidden[:, -1])
+    else:
+        out = target(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+        cache, logits = out.past_key_values, out.logits
+    first = _choose(logits[:, -1].float(), config, generator)
 
     output = [[t] for t in first.tolist()]
     reasons = ["length"] * rows
@@ -333,9 +345,13 @@ def speculative_generate(
         feed = torch.cat([pending[:, None], drafts], dim=1)
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], g + 1)], dim=1)
         positions = (mask.cumsum(dim=-1) - 1)[:, -(g + 1):]
-        out = target(input_ids=feed, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                     use_cache=True)
-        cache, logits = out.past_key_values, out.logits.float()  # [B, g + 1, V]
+        if reads_hidden:
+            cache, hidden, logits = body_and_logits(target, input_ids=feed, attention_mask=mask,
+                                                    position_ids=positions, past_key_values=cache)
+        else:
+            out = target(input_ids=feed, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                         use_cache=True)
+            cache, logits = out.past_key_values, out.logits.float()  # [B, g + 1, V]
         result.target_calls += 1
 
         # 3. Accept a prefix of the drafts and choose the next token.
@@ -362,6 +378,8 @@ def speculative_generate(
             cache.crop(-drop)
             mask = mask[:, :-drop]
         drafter.rollback(num)
+        if reads_hidden:  # the state where `nxt` was predicted: after the last kept draft
+            drafter.observe(hidden[torch.arange(len(num), device=device), num])
         pending = nxt
         finished = _finished(output, active, eos, max_new_tokens, reasons)
 

@@ -256,10 +256,12 @@ def generate_with_logits(model, prompts: list[list[int]], temps: list[float], ma
     return [(torch.tensor(p + new[b].tolist()), len(p), topv[b], topi[b]) for b, p in enumerate(prompts)]
 
 
-def make_data(model, tok, seconds: float, batch: int = 32, max_new_tokens: int = 128, k: int = 64, seed: int = 0):
-    """Generate for about ``seconds``: batches of random prompts, half greedy and half T = 1."""
+def make_data(model, tok, seconds: float, batch: int = 32, max_new_tokens: int = 128, k: int = 64, seed: int = 0,
+              prompts: list[list[int]] | None = None):
+    """Generate for about ``seconds``: batches of random prompts (token ids; by default this
+    module's), a quarter of each batch greedy and the rest at T = 1."""
     rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
-    prompts, data, start = prompt_ids(tok), [], time.perf_counter()
+    prompts, data, start = prompt_ids(tok) if prompts is None else prompts, [], time.perf_counter()
     while time.perf_counter() - start < seconds:
         rows = [rng.choice(prompts) for _ in range(batch)]
         temps = [0.0 if b < batch // 4 else 1.0 for b in range(batch)]  # greedy repeats are identical

@@ -1,0 +1,204 @@
+"""Train Medusa heads for SmolLM2-135M, for chapter 7 ("Typical acceptance").
+
+The shipped heads (``ll.drafters.load_medusa``) were made with
+
+    python -m logitlab.train_medusa --gen-seconds 540 --data data.pt --steps 600 --out heads.safetensors
+
+which reuses (or generates, as ``logitlab.train_draft`` does) about nine minutes of SmolLM2's own
+continuations with its top-64 logits at every new position, runs the target once over them to
+record its last hidden states, and trains the heads on those states (a few minutes on 2 CPU
+cores; the target's 30 layers are never run during training, which is what makes it cheap).
+
+Why this design:
+
+* Head k reads the hidden state ``h_t`` at position t (the one that predicts token t + 1) and
+  learns the target's distribution of token t + 1 + k, which the data holds: the top-64 logits
+  the target produced at position t + k while generating. This is distillation on the model's
+  own output, as for the draft model, so the heads imitate where the target actually goes.
+* Each head is one residual block starting at the identity (``logitlab.medusa.ResBlock``), and
+  all share the target's frozen output layer restricted to the 2048 tokens it uses most: only
+  ``4 x (576 x 576 + 576)`` numbers are trained and shipped (about 2.7 MB in float16). The
+  target's probability on tokens outside the 2048 is dropped and the rest renormalised, since
+  the heads cannot propose those tokens anyway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+from .medusa import MedusaHeads, save_heads
+from .train_draft import chat, choose_vocabulary, make_data, prompt_ids
+
+
+# The draft model of chapter 6 trained on 40 prompts. The heads need many more contexts: each is
+# a map from one hidden state, and with few contexts it learns those contexts rather than the
+# model. Six kinds of request about fifty topics give 300 chat prompts. None of them is a prompt
+# the book measures on (logitlab.train_draft.HELD_OUT, logitlab.bench.DRAFT_PROMPTS, the chapters).
+TEMPLATES = ["Explain {}.", "Write a short story about {}.", "What are the most interesting facts about {}?",
+             "Describe {} to a child.", "Write a poem about {}.", "Give three practical tips about {}."]
+TOPICS = ["volcanoes", "the moon", "honey bees", "trains", "the internet", "chess", "rainforests", "baking bread",
+          "electric cars", "the human heart", "glaciers", "photosynthesis", "ancient Rome", "jazz music",
+          "recycling", "earthquakes", "vaccines", "the solar system", "coffee", "mountain climbing", "friendship",
+          "gardening", "owls", "the printing press", "clouds", "robots", "deserts", "bicycles", "dinosaurs",
+          "money", "sleep", "the Olympic Games", "penguins", "windmills", "libraries", "space travel",
+          "learning the piano", "rivers", "cats", "a rainy day", "learning a language", "the brain", "pizza",
+          "snow", "a busy market", "volunteering", "submarines", "the pyramids of Egypt", "butterflies",
+          "a job interview"]
+
+
+def varied_prompts(tok) -> list[list[int]]:
+    return [chat(tok, t.format(topic)) for t in TEMPLATES for topic in TOPICS]
+
+
+@torch.inference_mode()
+def hidden_states(target, data, batch: int = 16) -> list[torch.Tensor]:
+    """The target's last hidden state at each recorded position of each row (``[n, H]`` per row:
+    positions ``new_from - 1 .. L - 2``, the ones whose top-k logits the row holds)."""
+    states = []
+    for i in range(0, len(data), batch):
+        rows = data[i: i + batch]
+        width = max(len(r[0]) for r in rows)
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for b, (tokens, _, _, _) in enumerate(rows):
+            ids[b, : len(tokens)], mask[b, : len(tokens)] = tokens, 1  # right padding: causal, harmless
+        hidden = target.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        states += [hidden[b, s - 1: len(t) - 1].clone() for b, (t, s, _, _) in enumerate(rows)]
+    return states
+
+
+def training_tensors(data, states, vocab: torch.Tensor, vocab_size: int, num_heads: int):
+    """Flatten the rows: hidden states ``[N, H]``, the target's top-k restricted to ``vocab``
+    (indices into it ``[N, k]`` and probabilities ``[N, k]``, zero outside), and for each head the
+    row of its target (``[num_heads, N]``, -1 where the sequence ends first)."""
+    lookup = torch.full((vocab_size,), -1, dtype=torch.long)
+    lookup[vocab] = torch.arange(len(vocab))
+    hidden = torch.cat(states).float()
+    topv = torch.cat([r[2] for r in data]).float()
+    sub = lookup[torch.cat([r[3] for r in data]).long()]  # [N, k]
+    probs = torch.softmax(topv.masked_fill(sub < 0, float("-inf")), dim=-1).nan_to_num(0.0)
+    target_row = torch.full((num_heads, len(hidden)), -1, dtype=torch.long)
+    offset = 0
+    for r in data:
+        n = len(r[2])
+        for k in range(1, num_heads + 1):
+            j = torch.arange(n - k)
+            target_row[k - 1, offset + j] = offset + j + k
+        offset += n
+    return hidden, sub.clamp_min(0), probs, target_row
+
+
+def head_losses(heads: MedusaHeads, hidden, sub, probs, target_row, index) -> torch.Tensor:
+    """KL(target || head k) for each head, averaged over the positions ``index`` it can learn from."""
+    logq = F.log_softmax(heads.small_logits(hidden[index]), dim=-1)  # [b, K, vocab]
+    losses = []
+    for k in range(heads.num_heads):
+        rows = target_row[k, index]
+        ok = rows >= 0
+        p, s = probs[rows[ok]], sub[rows[ok]]
+        kl = (torch.xlogy(p, p) - p * logq[ok, k].gather(-1, s)).sum(-1)
+        losses.append(kl.mean())
+    return torch.stack(losses)
+
+
+@torch.inference_mode()
+def accuracy(heads: MedusaHeads, hidden, sub, probs, target_row, top: int = 1) -> list[float]:
+    """How often the target's most likely token is among head k's ``top`` guesses, per head."""
+    guesses = heads.small_logits(hidden).topk(top, dim=-1).indices  # [N, K, top]
+    result = []
+    for k in range(heads.num_heads):
+        rows = target_row[k]
+        ok = rows >= 0
+        best = sub[rows[ok]].gather(-1, probs[rows[ok]].argmax(-1, keepdim=True))  # [n, 1]
+        result.append((guesses[ok, k] == best).any(-1).float().mean().item())
+    return result
+
+
+def train(heads, tensors, steps: int, lr: float, batch: int, weight_decay: float = 0.0, seed: int = 0,
+          log_every: int = 250, evaluate=None):
+    hidden, sub, probs, target_row = tensors
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(heads.blocks.parameters(), lr=lr, weight_decay=weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / max(steps, 1))))
+    start = time.perf_counter()
+    for step in range(steps):
+        index = torch.randint(len(hidden), (batch,), generator=gen)
+        loss = head_losses(heads, hidden, sub, probs, target_row, index)
+        opt.zero_grad()
+        loss.sum().backward()
+        opt.step()
+        sched.step()
+        if (step + 1) % log_every == 0 or step == 0:
+            held = f", held-out top-1 accuracy {evaluate()}" if evaluate else ""
+            print(f"  step {step + 1}: KL per head {[round(x, 2) for x in loss.tolist()]}{held} "
+                  f"({time.perf_counter() - start:.0f} s)", flush=True)
+
+
+def main(argv=None):
+    import logitlab as ll
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--batch", type=int, default=1024, help="positions per step")
+    parser.add_argument("--vocab", type=int, default=2048, help="tokens the heads' output layer scores")
+    parser.add_argument("--gen-seconds", type=float, default=240, help="time budget for generating data")
+    parser.add_argument("--data", help="the generated data as a torch file (reused if it exists; "
+                                       "train_draft's file works)")
+    parser.add_argument("--also", nargs="*", default=[], help="more data files to train on (train_draft's work)")
+    parser.add_argument("--weight-decay", type=float, default=0.0)
+    parser.add_argument("--held-out-every", type=int, default=7,
+                        help="the rows of every N-th prompt are held out, to measure the accuracy")
+    parser.add_argument("--hidden", help="cache the target's hidden states in this torch file")
+    parser.add_argument("--out", default="heads.safetensors")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+
+    model, tok = ll.load("smollm2-135m")
+    if args.data and os.path.exists(args.data):
+        data = torch.load(args.data)
+    else:
+        data = make_data(model, tok, args.gen_seconds, prompts=varied_prompts(tok))
+        if args.data:
+            torch.save(data, args.data)
+    for path in args.also:
+        data += torch.load(path)
+    # Hold out every row of the last few prompts: the same prompt's greedy continuation repeats
+    # in the data, so a random split would measure memory, not prediction.
+    held_prompts = {tuple(p) for p in (varied_prompts(tok) + prompt_ids(tok))[:: args.held_out_every]}
+    held = [r for r in data if tuple(r[0][: r[1]].tolist()) in held_prompts]
+    data = [r for r in data if tuple(r[0][: r[1]].tolist()) not in held_prompts]
+    vocab = choose_vocabulary(data, model.config.vocab_size, args.vocab)
+    t0 = time.perf_counter()
+    if args.hidden and os.path.exists(args.hidden):
+        states, held_states = torch.load(args.hidden)
+    else:
+        states, held_states = hidden_states(model, data), hidden_states(model, held)
+        if args.hidden:
+            torch.save((states, held_states), args.hidden)
+    train_t = training_tensors(data, states, vocab, model.config.vocab_size, args.heads)
+    held_t = training_tensors(held, held_states, vocab, model.config.vocab_size, args.heads)
+    print(f"hidden states of {len(train_t[0])} positions ({len(held_t[0])} held out) in "
+          f"{time.perf_counter() - t0:.0f} s")
+    heads = MedusaHeads(model.lm_head.weight, args.heads, vocab)
+    print(f"held-out top-1 accuracy before training: {[round(a, 3) for a in accuracy(heads, *held_t)]}")
+    t0 = time.perf_counter()
+    train(heads, train_t, args.steps, args.lr, args.batch, args.weight_decay,
+          evaluate=lambda: [round(a, 3) for a in accuracy(heads, *held_t)])
+    print(f"trained {args.steps} steps in {time.perf_counter() - t0:.0f} s")
+    for top in (1, 3):
+        print(f"held-out top-{top} accuracy per head: {[round(a, 3) for a in accuracy(heads, *held_t, top=top)]}")
+    save_heads(heads, args.out)
+    print(f"saved {args.out} ({os.path.getsize(args.out) / 1e6:.1f} MB)")
+
+
+if __name__ == "__main__":
+    main()
