@@ -50,3 +50,12 @@ def test_typical_rows_run_on_a_small_setting():
     bench.bench_typical(table, model, tokenizer, new_tokens=8, temperatures=(0.0, 1.0), repeat=1)
     assert len(table.rows) == 4 + 5 and all(r["seconds"] > 0 for r in table.rows)
     assert "tree (3, 2, 1)" in table.rows[3]["measurement"] and "typical" in table.rows[8]["measurement"]
+
+
+def test_a_ratio_below_one_is_reported_as_slower():
+    table = bench.Table()
+    table.add("a", 1.0, 0.7, "faster than our AR loop")
+    table.add("b", 1.0, 1.25, "faster than our AR loop")
+    lines = table.markdown().splitlines()
+    assert lines[2].endswith("| 0.70x (slower than our AR loop) |")
+    assert lines[3].endswith("| 1.25x faster than our AR loop |")

@@ -95,7 +95,10 @@ class Table:
     def markdown(self) -> str:
         lines = ["| measurement | median time | ratio |", "|:---|---:|---:|"]
         for r in self.rows:
-            ratio = f"{r['ratio']:.2f}x {r['against']}".strip() if r["ratio"] is not None else ""
+            against = r["against"]
+            if r["ratio"] is not None and r["ratio"] < 1 and against.startswith("faster than "):
+                against = f"(slower than {against[len('faster than '):]})"  # 0.8x "faster" is slower
+            ratio = f"{r['ratio']:.2f}x {against}".strip() if r["ratio"] is not None else ""
             lines.append(f"| {r['measurement']} | {r['seconds'] * 1000:.1f} ms | {ratio} |")
         return "\n".join(lines)
 

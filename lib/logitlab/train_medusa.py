@@ -1,13 +1,23 @@
 """Train Medusa heads for SmolLM2-135M, for chapter 7 ("Typical acceptance").
 
-The shipped heads (``ll.drafters.load_medusa``) were made with
+The shipped heads (``ll.drafters.load_medusa``, ``ll.medusa.load_heads``) were made with
 
-    python -m logitlab.train_medusa --gen-seconds 540 --data data.pt --steps 600 --out heads.safetensors
+    python -m logitlab.train_medusa --gen-seconds 600 --data medusa_data.pt --also draft_data.pt \
+        --steps 1500 --out heads.safetensors
 
-which reuses (or generates, as ``logitlab.train_draft`` does) about nine minutes of SmolLM2's own
-continuations with its top-64 logits at every new position, runs the target once over them to
-record its last hidden states, and trains the heads on those states (a few minutes on 2 CPU
-cores; the target's 30 layers are never run during training, which is what makes it cheap).
+``--gen-seconds 600`` lets SmolLM2 answer 300 varied chat prompts for ten minutes, recording its
+top-64 logits at every new position (as ``logitlab.train_draft`` does; 896 continuations of 128
+tokens here), and ``--also`` adds the data that trained chapter 6's draft model (``draft_data.pt``
+from ``python -m logitlab.train_draft --data draft_data.pt``, 768 more). The target then runs
+once over all of it to record its last hidden states (183k positions, about 6 minutes), and the
+heads train on those states: 1500 steps of 1024 positions, 7 minutes on 2 CPU cores. The
+target's 30 layers never run during training, which is what makes it cheap.
+
+The rows of every seventh prompt are held out. Measured on them (top-1 accuracy: the target's
+most likely token k + 1 places ahead is head k's first guess): 0.27, 0.15, 0.12, 0.10 for heads
+1 to 4; top-3: 0.45, 0.29, 0.23, 0.21. With only the draft model's 40 prompts the first head
+reached 0.24 on held-out prompts and 0.42 on rows of prompts it had seen: few contexts are
+memorised, hence the varied prompts.
 
 Why this design:
 
