@@ -209,3 +209,15 @@ def test_training_tensors_pair_each_head_with_the_right_target_and_renormalise_o
     both = head_losses(heads, hidden, sub, probs, target_row, torch.tensor([0]))
     torch.testing.assert_close(both[0].detach(), kl)
     assert len(accuracy(heads, hidden, sub, probs, target_row)) == 2
+
+
+def test_hidden_states_are_those_of_the_positions_that_predict_new_tokens():
+    from logitlab.train_medusa import hidden_states
+
+    model = tiny_llama(2, seed=0)
+    rows = [(torch.tensor([1, 2, 3, 4, 5]), 2, None, None), (torch.tensor([5, 4, 3]), 1, None, None)]
+    states = hidden_states(model, rows)
+    with torch.no_grad():
+        for (tokens, new_from, _, _), got in zip(rows, states):
+            alone = model.model(tokens[None]).last_hidden_state[0]  # no padding, one row at a time
+            torch.testing.assert_close(got, alone[new_from - 1: len(tokens) - 1], atol=1e-5, rtol=1e-4)

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import logitlab as ll
-from logitlab.sampling import SamplingConfig
 from logitlab.speculative import speculative_generate
 from logitlab.typical_acceptance import TypicalAcceptance, output_distance, typical_accept, typical_threshold
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ._validate import check_generator, check_probs
-from .generate import _eos_ids, _model_device, _now, _prompt_batch
+from .generate import _eos_ids, _model_device, _prompt_batch
 from .probs import softmax
 from .sampling import SamplingConfig, inverse_transform, process_logits, sample
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import random
 import time
 
@@ -270,19 +271,39 @@ def make_data(model, tok, seconds: float, batch: int = 32, max_new_tokens: int =
     return data
 
 
+def load_or_make_data(model, tok, path: str | None, seconds: float, prompts=None):
+    """The data saved at ``path`` if it exists; else ``make_data``'s, saved there when given."""
+    if path and os.path.exists(path):
+        return torch.load(path)
+    start = time.perf_counter()
+    data = make_data(model, tok, seconds, prompts=prompts)
+    print(f"generated {len(data)} sequences, {sum(len(r[2]) for r in data)} tokens in "
+          f"{time.perf_counter() - start:.0f} s")
+    if path:
+        torch.save(data, path)
+    return data
+
+
 # --- Training ----------------------------------------------------------------------------------
 
 
-def loss_on(draft, rows, kind: str = "kl") -> torch.Tensor:
-    """KL(target top-k || draft) (target renormalised over its top k), or CE on its argmax."""
+def new_token_states(body, rows) -> list[torch.Tensor]:
+    """Run ``body`` (a model without its output layer, ``model.model``) over the rows and return,
+    per row, its last hidden states at the positions that predict the row's new tokens
+    (``new_from - 1 .. L - 2``, the ones whose top-k logits the row holds)."""
     width = max(len(r[0]) for r in rows)
     ids = torch.zeros(len(rows), width, dtype=torch.long)
     mask = torch.zeros(len(rows), width, dtype=torch.long)
     for b, (tokens, _, _, _) in enumerate(rows):
         ids[b, : len(tokens)], mask[b, : len(tokens)] = tokens, 1  # right padding: causal, harmless
-    hidden = draft.model(input_ids=ids, attention_mask=mask).last_hidden_state
+    hidden = body(input_ids=ids, attention_mask=mask).last_hidden_state
+    return [hidden[b, s - 1: len(t) - 1] for b, (t, s, _, _) in enumerate(rows)]
+
+
+def loss_on(draft, rows, kind: str = "kl") -> torch.Tensor:
+    """KL(target top-k || draft) (target renormalised over its top k), or CE on its argmax."""
     # Only the positions that predict new tokens: gather them before the big output matmul.
-    h = torch.cat([hidden[b, s - 1: len(t) - 1] for b, (t, s, _, _) in enumerate(rows)])
+    h = torch.cat(new_token_states(draft.model, rows))
     topv = torch.cat([r[2] for r in rows]).float()
     topi = torch.cat([r[3] for r in rows]).long()
     logq = F.log_softmax(draft.lm_head(h).float(), dim=-1)
@@ -342,17 +363,7 @@ def main(argv=None):
     torch.manual_seed(0)
 
     model, tok = ll.load("smollm2-135m")
-    import os
-
-    if args.data and os.path.exists(args.data):
-        data = torch.load(args.data)
-    else:
-        t0 = time.perf_counter()
-        data = make_data(model, tok, args.gen_seconds)
-        print(f"generated {len(data)} sequences, {sum(len(r[2]) for r in data)} tokens in "
-              f"{time.perf_counter() - t0:.0f} s")
-        if args.data:
-            torch.save(data, args.data)
+    data = load_or_make_data(model, tok, args.data, args.gen_seconds)
     held = data[-32:]  # the last batch: a validation loss on unseen continuations
     data = data[:-32]
     draft = build_draft(model, args.init_layer, args.layers)

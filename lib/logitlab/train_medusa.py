@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from .medusa import MedusaHeads, save_heads
-from .train_draft import chat, choose_vocabulary, make_data, prompt_ids
+from .train_draft import chat, choose_vocabulary, load_or_make_data, new_token_states, prompt_ids
 
 
 # The draft model of chapter 6 trained on 40 prompts. The heads need many more contexts: each is
@@ -68,19 +68,8 @@ def varied_prompts(tok) -> list[list[int]]:
 
 @torch.inference_mode()
 def hidden_states(target, data, batch: int = 16) -> list[torch.Tensor]:
-    """The target's last hidden state at each recorded position of each row (``[n, H]`` per row:
-    positions ``new_from - 1 .. L - 2``, the ones whose top-k logits the row holds)."""
-    states = []
-    for i in range(0, len(data), batch):
-        rows = data[i: i + batch]
-        width = max(len(r[0]) for r in rows)
-        ids = torch.zeros(len(rows), width, dtype=torch.long)
-        mask = torch.zeros(len(rows), width, dtype=torch.long)
-        for b, (tokens, _, _, _) in enumerate(rows):
-            ids[b, : len(tokens)], mask[b, : len(tokens)] = tokens, 1  # right padding: causal, harmless
-        hidden = target.model(input_ids=ids, attention_mask=mask).last_hidden_state
-        states += [hidden[b, s - 1: len(t) - 1].clone() for b, (t, s, _, _) in enumerate(rows)]
-    return states
+    """The target's last hidden state at each recorded position of each row (``[n, H]`` per row)."""
+    return [h.clone() for i in range(0, len(data), batch) for h in new_token_states(target.model, data[i: i + batch])]
 
 
 def training_tensors(data, states, vocab: torch.Tensor, vocab_size: int, num_heads: int):
@@ -173,12 +162,7 @@ def main(argv=None):
     torch.manual_seed(0)
 
     model, tok = ll.load("smollm2-135m")
-    if args.data and os.path.exists(args.data):
-        data = torch.load(args.data)
-    else:
-        data = make_data(model, tok, args.gen_seconds, prompts=varied_prompts(tok))
-        if args.data:
-            torch.save(data, args.data)
+    data = load_or_make_data(model, tok, args.data, args.gen_seconds, prompts=varied_prompts(tok))
     for path in args.also:
         data += torch.load(path)
     # Hold out every row of the last few prompts: the same prompt's greedy continuation repeats
