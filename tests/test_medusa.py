@@ -27,7 +27,8 @@ def test_cartesian_tree_by_hand():
     assert cartesian_tree((2, 1)) == [-1, 0, 0, 1, 2]
     assert cartesian_tree((1, 2)) == [-1, 0, 1, 1]
     assert len(cartesian_tree((3, 2, 1))) == 1 + 3 + 6 + 6
-    for bad in [(), (2, 0), "21", (1.5,), (True,)]:
+    assert cartesian_tree(()) == [-1]  # the root alone: a call that only takes the next token
+    for bad in [(2, 0), "21", (1.5,), (True,)]:
         with pytest.raises(ValueError, match="branching"):
             cartesian_tree(bad)
 
@@ -106,6 +107,12 @@ def test_tree_bad_arguments_raise():
         medusa_generate(target, heads, [[1, 2]], max_new_tokens=5, branching=(2, 1, 1))
     with pytest.raises(ValueError, match="one prompt"):
         medusa_generate(target, heads, [[1, 2], [3, 4]], max_new_tokens=5, branching=(2, 1))
+    with pytest.raises(ValueError, match="at least one level"):
+        medusa_generate(target, heads, [[1, 2]], max_new_tokens=5, branching=())
+    with pytest.raises(ValueError, match="guesses per head"):
+        medusa_generate(target, heads, [[1, 2]], max_new_tokens=5, branching=(7,))
+    with pytest.raises(ValueError, match="heads"):
+        medusa_generate(target, MedusaDrafter(heads), [[1, 2]], max_new_tokens=5, branching=(2,))
     with pytest.raises(ValueError, match="max_new_tokens"):
         medusa_generate(target, heads, [[1, 2]], max_new_tokens=0, branching=(2, 1))
     with pytest.raises(ValueError, match="target"):
@@ -221,3 +228,31 @@ def test_hidden_states_are_those_of_the_positions_that_predict_new_tokens():
         for (tokens, new_from, _, _), got in zip(rows, states):
             alone = model.model(tokens[None]).last_hidden_state[0]  # no padding, one row at a time
             torch.testing.assert_close(got, alone[new_from - 1: len(tokens) - 1], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.3])
+def test_a_one_path_tree_is_the_chain_under_typical_acceptance(temperature):
+    # With argmax proposals and Medusa's argmax next token nothing is random: a tree with one
+    # guess per level must give the chain's tokens, the first token included.
+    target = tiny_llama(2, seed=0)
+    heads = random_heads(target, 3, seed=2)
+    rule = ll.TypicalAcceptance(0.09, 0.3)
+    for prompt in ([1, 2], [3, 4, 5, 1]):
+        chain = speculative_generate(target, MedusaDrafter(heads), [prompt], gamma=3, max_new_tokens=25,
+                                     temperature=temperature, acceptance=rule, eos_token_id=[])
+        tree = medusa_generate(target, heads, [prompt], branching=(1, 1, 1), max_new_tokens=25,
+                               temperature=temperature, acceptance=rule, eos_token_id=[])
+        assert tree.new_tokens[0].tolist() == chain.new_tokens[0].tolist()
+        assert [a[0] for a in tree.accepted] == [a[0] for a in chain.accepted]
+        assert 0 < sum(a[0] for a in chain.accepted)  # some drafts were kept
+
+
+def test_the_first_token_under_typical_argmax_is_the_target_argmax():
+    target = tiny_llama(2, seed=0)
+    with torch.no_grad():
+        best = int(target(torch.tensor([[1, 2]])).logits[0, -1].argmax())
+    for seed in range(5):
+        out = speculative_generate(target, MedusaDrafter(random_heads(target, 2)), [[1, 2]], gamma=2, max_new_tokens=1,
+                                   temperature=1.5, acceptance=ll.TypicalAcceptance(), eos_token_id=[],
+                                   generator=torch.Generator().manual_seed(seed))
+        assert out.new_tokens[0].tolist() == [best]

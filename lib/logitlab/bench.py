@@ -23,9 +23,10 @@ Rows:
   and the speedup the cost model predicts, and against Hugging Face's assisted generation with
   the same draft;
 * Medusa heads and typical acceptance (chapter 7): the shipped heads at temperature 0 as a chain
-  and as a tree (same tokens as greedy decoding), and at 0.7, 1.0 and 1.3 as a chain under
-  rejection sampling and under typical acceptance, each with its tokens per target call,
-  against our autoregressive loop;
+  and as trees (same tokens as greedy decoding), and at 0.7, 1.0 and 1.3 as a chain under
+  rejection sampling (top-token and sampled proposals) and under typical acceptance, and as a
+  tree under typical acceptance, each with its tokens per target call, against our
+  autoregressive loop;
 * the decoding loop: ``ll.generate`` against Hugging Face ``generate``, 128 new tokens, greedy
   and sampled, as a tokens-per-second ratio (the two loops run alternately, so both see the
   same machine load); decoding with against without the KV cache
@@ -408,10 +409,10 @@ def bench_draft_model(table: Table, model, tokenizer, new_tokens: int = 128, gam
 def bench_typical(table: Table, model, tokenizer, new_tokens: int = 64, gamma: int = 3,
                   trees=((2, 1), (3, 2, 1)), temperatures=(0.0, 0.7, 1.0, 1.3), repeat: int = 3) -> None:
     """The shipped Medusa heads (chapter 7) against our AR loop. At T = 0: as a chain and as
-    trees, all greedy (checked to give the same tokens). Above 0: as a chain under rejection
-    sampling (the heads proposing their top tokens, then sampling them) and under typical
-    acceptance (Medusa's defaults, argmax next token), and as the largest tree under typical
-    acceptance."""
+    trees, all greedy (checked to give the same tokens). Above 0, four rows: the chain under
+    rejection sampling with the heads proposing their top tokens; the same with the heads
+    sampling their proposals; the chain under typical acceptance (Medusa's defaults, argmax next
+    token); and the largest tree under typical acceptance."""
     from .drafters import MedusaDrafter
     from .medusa import load_heads, medusa_generate
     from .typical_acceptance import TypicalAcceptance
@@ -442,9 +443,10 @@ def bench_typical(table: Table, model, tokenizer, new_tokens: int = 64, gamma: i
         results = {}
 
         def timed(label):
+            run = runs[label]
+
             def fn():
-                results[label] = [run(ids, torch.Generator().manual_seed(i))
-                                  for i, ids in enumerate(prompts) for run in [runs[label]]]
+                results[label] = [run(ids, torch.Generator().manual_seed(i)) for i, ids in enumerate(prompts)]
             return fn
 
         times = interleaved_median_times([timed(label) for label in runs], repeat=repeat)

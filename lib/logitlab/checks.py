@@ -596,8 +596,10 @@ def check_typical_accept(fn) -> None:
               "The bar is min(epsilon, delta * exp(-H)), H the entropy of p in nats."),
              ("the same with epsilon 0.09", [2], [[0.5, 0.45, 0.05, 0.0]], 0.09, 0.3,
               "The bar is min(epsilon, delta * exp(-H)), H the entropy of p in nats."),
-             ("a token of probability 0 under a zero entry of p", [3, 0], [[0.5, 0.45, 0.05, 0.0], sure], 0.09, 0.3,
-              "Entropy: 0 * log 0 counts as 0 (torch.xlogy does that)."),
+             ("a draft of probability 0 never passes", [3, 0], [[0.5, 0.45, 0.05, 0.0], sure], 0.09, 0.3,
+              "A token the target gives probability 0 is below any bar."),
+             ("zero entries in p: 0.28 against a bar of 0.276", [1], [[0.72, 0.28, 0.0, 0.0]], 0.3, 0.5,
+              "Entropy: 0 * log 0 counts as 0 (torch.xlogy does that); a NaN entropy breaks the bar."),
              ]
     gen = torch.Generator().manual_seed(0)
     for i in range(12):  # random cases of every length

@@ -195,11 +195,13 @@ class MedusaDrafter:
             raise ValueError(f"proposals must be 'argmax' or 'sample', got {proposals!r}")
         self.heads, self.proposals = heads, proposals
         self.vocab_size = heads.vocab_size
-        self.steps = 0  # calls of the heads
+        self.steps = 0
         self.hidden = None
 
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
-        self.hidden, self.steps = None, 0
+        # Steps are counted like a draft model's (SpeculativeResult.draft_step_seconds): one for
+        # the prompt (here the target's prefill gives the first hidden state), then one per call.
+        self.hidden, self.steps = None, 1
 
     def observe(self, hidden: torch.Tensor) -> None:
         self.hidden = hidden

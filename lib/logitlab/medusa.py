@@ -102,10 +102,16 @@ def load_heads(target, path: str | Path | None = None) -> MedusaHeads:
     _check_target(target)
     state = load_file(str(PRETRAINED_HEADS if path is None else path))
     vocab = state.pop("vocab").long()
+    weight = target.lm_head.weight
+    shapes = {tuple(v.shape) for k, v in state.items() if k.endswith("linear.weight")}
+    if shapes != {(weight.shape[1], weight.shape[1])} or int(vocab.max()) >= weight.shape[0]:
+        raise ValueError(f"target: these heads were trained for another model (block shapes {shapes}, token ids "
+                         f"up to {int(vocab.max())}); the target has hidden size {weight.shape[1]} and "
+                         f"{weight.shape[0]} tokens")
     num_heads = len({k.split(".")[0] for k in state})
-    heads = MedusaHeads(target.lm_head.weight, num_heads, vocab)
+    heads = MedusaHeads(weight, num_heads, vocab)
     heads.blocks.load_state_dict({k: v.float() for k, v in state.items()})
-    return heads.to(target.lm_head.weight.device).eval()
+    return heads.to(device=weight.device, dtype=weight.dtype).eval()  # the target's device and dtype
 
 
 def _check_target(target):
@@ -114,13 +120,24 @@ def _check_target(target):
                          "such as the SmolLM2 model of ll.load(): the heads read the body's last hidden state")
 
 
-def body_and_logits(target, **kwargs):
+def _check_heads(heads, target):
+    if not isinstance(heads, MedusaHeads):
+        raise ValueError(f"heads must be MedusaHeads (see logitlab.medusa.load_heads), got {type(heads).__name__}")
+    if heads.vocab_size != target.lm_head.weight.shape[0]:
+        raise ValueError(f"heads score a vocabulary of {heads.vocab_size} tokens, the target "
+                         f"{target.lm_head.weight.shape[0]}: they must be built on the target's output layer")
+
+
+def body_and_logits(target, logits_to_keep: int | None = None, **kwargs):
     """One target pass split in two: the body's output (cache, last hidden states ``[B, n, H]``)
-    and the logits of the output layer on them (float32). The heads need the hidden states,
-    which the usual call does not return."""
+    and the logits of the output layer on them (float32; on the last ``logits_to_keep``
+    positions only, if given). The heads need the hidden states, which the usual call does not
+    return. This assumes the model's logits are just ``lm_head(hidden)``, as for Llama models
+    such as SmolLM2 (no logit soft-capping or scaling after the output layer)."""
     out = target.model(use_cache=True, **kwargs)
     hidden = out.last_hidden_state
-    return out.past_key_values, hidden, target.lm_head(hidden).float()
+    scored = hidden if logits_to_keep is None else hidden[:, -logits_to_keep:]
+    return out.past_key_values, hidden, target.lm_head(scored).float()
 
 
 # --- Tree verification -------------------------------------------------------------------------
@@ -129,10 +146,10 @@ def body_and_logits(target, **kwargs):
 def cartesian_tree(branching) -> list[int]:
     """Parents of the tree with a root (the pending token) and ``branching[d]`` children under
     every node of depth d + 1: the top tokens of head d + 1 under each path of the heads before."""
-    if (not isinstance(branching, (tuple, list)) or not branching
+    if (not isinstance(branching, (tuple, list))
             or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in branching)):
-        raise ValueError(f"branching must be a non-empty tuple of integers >= 1, got {branching!r}")
-    parents, level = [-1], [0]
+        raise ValueError(f"branching must be a tuple of integers >= 1, got {branching!r}")
+    parents, level = [-1], [0]  # () gives the root alone
     for b in branching:
         nxt = []
         for node in level:
@@ -162,9 +179,15 @@ def medusa_generate(target, heads: MedusaHeads, input_ids, *, branching=(3, 2, 1
 
     start_time = time.perf_counter()
     _check_target(target)
-    parents = cartesian_tree(branching)
+    _check_heads(heads, target)
+    if not branching:
+        raise ValueError("branching must have at least one level, got ()")
+    cartesian_tree(branching)  # checks it
     if len(branching) > heads.num_heads:
         raise ValueError(f"branching has {len(branching)} levels but there are only {heads.num_heads} heads")
+    if max(branching) > len(heads.output.vocab):
+        raise ValueError(f"branching asks for {max(branching)} guesses per head, but the heads score only "
+                         f"{len(heads.output.vocab)} tokens")
     _check_counts(max_new_tokens, 0, 1)
     config = SamplingConfig(temperature=temperature)
     if temperature > 0 and not isinstance(acceptance, TypicalAcceptance):
@@ -177,19 +200,25 @@ def medusa_generate(target, heads: MedusaHeads, input_ids, *, branching=(3, 2, 1
     if ids.shape[0] != 1:
         raise ValueError(f"input_ids must be one prompt for tree verification, got {ids.shape[0]}")
 
-    cache, hidden, logits = body_and_logits(target, input_ids=ids)
+    cache, hidden, logits = body_and_logits(target, logits_to_keep=1, input_ids=ids)
     pending = _next(logits[0, -1], config, acceptance, generator)
     h = hidden[0, -1]
     output, reasons = [int(pending)], ["length"]
+    rows = [output]  # the one row, in the form the loop's helper _finished takes
     result = SpeculativeResult([], [], reasons, None, [0], target_calls=1)
-    n = len(parents)
-    allowed_tree = tree_attention_mask(parents)
-    depth_of = tree_position_ids(parents)  # depth - 1: 0 for the root, k for head k's guesses
+    only_row = torch.zeros(1, dtype=torch.long)
 
-    while not _finished([output], torch.zeros(1, dtype=torch.long), eos, max_new_tokens, reasons).item():
+    while not _finished(rows, only_row, eos, max_new_tokens, reasons).item():
+        # No deeper than the tokens still needed: a call yields its accepted drafts and one more.
+        levels = branching[: max_new_tokens - len(output) - 1]
+        parents = cartesian_tree(levels)
+        n = len(parents)
+        depth = tree_position_ids(parents)  # 0 for the root (the pending token), k for head k's guesses
+
+        # 1. Draft: the top guesses of each head, placed in the tree.
         t0 = time.perf_counter()
         guesses = heads(h)  # [K, V]
-        tops = [guesses[d].topk(b).indices for d, b in enumerate(branching)]
+        tops = [guesses[d].topk(b).indices for d, b in enumerate(levels)]
         tokens = torch.empty(n, dtype=torch.long, device=device)
         tokens[0] = pending
         rank = {}  # how many children each node has received so far: the child's rank in its head
@@ -197,43 +226,48 @@ def medusa_generate(target, heads: MedusaHeads, input_ids, *, branching=(3, 2, 1
             r = rank.get(parents[i], 0)
             rank[parents[i]] = r + 1
             # The (r + 1)-th most likely token of this depth's head (the heads ignore the path).
-            tokens[i] = tops[depth_of[i] - 1][r]
+            tokens[i] = tops[depth[i] - 1][r]
         t1 = time.perf_counter()
 
-        # One pass over the whole tree: each node sees the sequence so far and its ancestors.
+        # 2. One pass over the whole tree: each node sees the sequence so far and its ancestors.
         length = cache.get_seq_length()
         allowed = torch.ones(n, length + n, dtype=torch.bool)
-        allowed[:, length:] = allowed_tree
+        allowed[:, length:] = tree_attention_mask(parents)
         cache, hidden, logits = body_and_logits(
             target, input_ids=tokens[None], attention_mask=_additive_mask(allowed, target).to(device)[None, None],
-            position_ids=(depth_of + length)[None].to(device), past_key_values=cache)
+            position_ids=(depth + length)[None].to(device), past_key_values=cache)
         logits, hidden = logits[0], hidden[0]  # [n, V], [n, H]
         result.target_calls += 1
 
-        # Which nodes pass, each judged by its parent's distribution; a node counts only if its parent does.
-        ok = torch.zeros(n, dtype=torch.bool)
-        ok[0] = True
-        pa = torch.tensor(parents[1:])
-        if temperature == 0:
-            passes = logits[pa].argmax(-1) == tokens[1:]
-        else:
-            p = softmax(process_logits(logits[pa], config))
-            thr = typical_threshold(p, acceptance.epsilon, acceptance.delta)
-            passes = p.gather(-1, tokens[1:, None]).squeeze(-1).double() > thr
+        # 3. Which nodes pass, each judged by its parent's distribution; a node counts only if its
+        #    parent does (parents come before their children in the list).
+        ok = [True] + [False] * (n - 1)
+        if n > 1:
+            pa = torch.tensor(parents[1:])
+            if temperature == 0:
+                passes = logits[pa].argmax(-1) == tokens[1:]
+            else:
+                p = softmax(process_logits(logits[pa], config))
+                bar = typical_threshold(p, acceptance.epsilon, acceptance.delta)
+                passes = p.gather(-1, tokens[1:, None]).squeeze(-1).double() > bar
+            for i in range(1, n):
+                ok[i] = ok[parents[i]] and bool(passes[i - 1])
+        best = 0  # the deepest accepted node; on a tie the first in the list
         for i in range(1, n):
-            ok[i] = ok[parents[i]] and bool(passes[i - 1])
-        best = max(range(n), key=lambda i: (int(ok[i]) * (int(depth_of[i]) + 1), -i))
-        path = _ancestors(parents, best) if best else [0]  # root first
+            if ok[i] and depth[i] > depth[best]:
+                best = i
+        path = _ancestors(parents, best)  # root first
         nxt = _next(logits[best], config, acceptance, generator)
 
-        # Keep only the path's entries in the cache (the other branches were guesses that lost).
+        # 4. Keep only the path's entries in the cache: the other branches were guesses that lost.
+        #    (Each layer of a transformers DynamicCache holds keys and values [B, heads, seq, dim].)
         keep = torch.cat([torch.arange(length), length + torch.tensor(path)]).to(device)
         for layer in cache.layers:
-            layer.keys, layer.values = layer.keys[:, :, keep], layer.values[:, :, keep]
+            layer.keys, layer.values = layer.keys.index_select(2, keep), layer.values.index_select(2, keep)
         result.verify_seconds += time.perf_counter() - t1
         result.draft_seconds += t1 - t0
         result.accepted.append([len(path) - 1])
-        result.drafted.append(len(branching))
+        result.drafted.append(len(levels))
         output += tokens[path[1:]].tolist() + [int(nxt)]
         pending, h = nxt, hidden[best]
 
@@ -242,15 +276,16 @@ def medusa_generate(target, heads: MedusaHeads, input_ids, *, branching=(3, 2, 1
     result.sequences = [torch.cat([ids[0], new])]
     if tokenizer is not None:
         result.texts = [tokenizer.decode(output, skip_special_tokens=True)]
+    # Counted like a draft model's steps (see SpeculativeResult.draft_step_seconds): one for the
+    # prompt, here the target's prefill that gave the first hidden state, then one per head call.
     result.drafter_steps = result.target_calls
     result.seconds = time.perf_counter() - start_time
     return result
 
 
 def _next(logits, config, acceptance, generator) -> torch.Tensor:
-    """The target's token after the accepted path: its argmax at T = 0 or with Medusa's rule;
-    a sample of p when the typical rule says ``next_token="sample"``."""
-    if config.temperature == 0 or acceptance.next_token == "argmax":
+    """The target's token after the accepted path (``logits`` ``[V]``): its argmax at T = 0,
+    otherwise the typical rule's choice (its argmax, or a sample of p)."""
+    if config.temperature == 0:
         return logits.argmax(-1)
-    p = softmax(process_logits(logits, config)).double()
-    return torch.multinomial(p, 1, generator=generator).squeeze(-1)
+    return acceptance.next_from(softmax(process_logits(logits[None], config)), generator)[0]

@@ -311,12 +311,19 @@ def speculative_generate(
     positions = (mask.cumsum(dim=-1) - 1).clamp_min(0)
     drafter.start(ids, mask)
     if reads_hidden:
-        cache, hidden, logits = body_and_logits(target, input_ids=ids, attention_mask=mask, position_ids=positions)
+        cache, hidden, logits = body_and_logits(target, logits_to_keep=1, input_ids=ids, attention_mask=mask,
+                                                position_ids=positions)
         drafter.observe(hidden[:, -1])
     else:
         out = target(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
         cache, logits = out.past_key_values, out.logits
-    first = _choose(logits[:, -1].float(), config, generator)
+    # The first token is the target's choice after an empty prefix: the rule's own choice when it
+    # has one (typical acceptance takes the argmax, as after any accepted prefix), else a draw.
+    next_from = getattr(acceptance, "next_from", None)
+    if next_from is not None and config.temperature > 0:
+        first = next_from(softmax(process_logits(logits[:, -1].float(), config)), generator)
+    else:
+        first = _choose(logits[:, -1].float(), config, generator)
 
     output = [[t] for t in first.tolist()]
     reasons = ["length"] * rows

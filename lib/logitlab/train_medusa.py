@@ -99,7 +99,8 @@ def head_losses(heads: MedusaHeads, hidden, sub, probs, target_row, index) -> to
     losses = []
     for k in range(heads.num_heads):
         rows = target_row[k, index]
-        ok = rows >= 0
+        # A position whose target has none of the vocabulary (all probabilities 0) teaches nothing.
+        ok = (rows >= 0) & (probs[rows.clamp_min(0)].sum(-1) > 0)
         p, s = probs[rows[ok]], sub[rows[ok]]
         kl = (torch.xlogy(p, p) - p * logq[ok, k].gather(-1, s)).sum(-1)
         losses.append(kl.mean())
@@ -107,13 +108,15 @@ def head_losses(heads: MedusaHeads, hidden, sub, probs, target_row, index) -> to
 
 
 @torch.inference_mode()
-def accuracy(heads: MedusaHeads, hidden, sub, probs, target_row, top: int = 1) -> list[float]:
-    """How often the target's most likely token is among head k's ``top`` guesses, per head."""
-    guesses = heads.small_logits(hidden).topk(top, dim=-1).indices  # [N, K, top]
+def accuracy(heads: MedusaHeads, hidden, sub, probs, target_row, top: int = 1, batch: int = 4096) -> list[float]:
+    """How often the target's most likely token (among the heads' vocabulary) is among head k's
+    ``top`` guesses, per head, over the positions that have a target with some of that vocabulary."""
+    guesses = torch.cat([heads.small_logits(hidden[i: i + batch]).topk(top, dim=-1).indices
+                         for i in range(0, len(hidden), batch)])  # [N, K, top]
     result = []
     for k in range(heads.num_heads):
         rows = target_row[k]
-        ok = rows >= 0
+        ok = (rows >= 0) & (probs[rows.clamp_min(0)].sum(-1) > 0)
         best = sub[rows[ok]].gather(-1, probs[rows[ok]].argmax(-1, keepdim=True))  # [n, 1]
         result.append((guesses[ok, k] == best).any(-1).float().mean().item())
     return result

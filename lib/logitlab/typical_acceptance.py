@@ -95,11 +95,19 @@ class TypicalAcceptance:
         check_generator(generator, p.device)
         num = typical_accept(draft_tokens, p, self.epsilon, self.delta)
         after = p[torch.arange(len(num), device=p.device), num]  # [B, V]: the target after the kept drafts
+        return num, self.next_from(after, generator)
+
+    def next_from(self, p: torch.Tensor, generator=None) -> torch.Tensor:
+        """The target's token after the kept drafts, from its probabilities there (``[B, V]``).
+
+        The loop also uses it for the very first token (after an empty prefix), so that with
+        ``"argmax"`` every token the target chooses is its most likely one, as in Medusa.
+        """
         if self.next_token == "argmax":
-            return num, after.argmax(dim=-1)
-        cumulative = after.double().cumsum(dim=-1)
-        u = torch.rand(len(num), 1, generator=generator, device=p.device, dtype=torch.float64)
-        return num, inverse_transform(cumulative, u * cumulative[:, -1:])
+            return p.argmax(dim=-1)
+        cumulative = p.double().cumsum(dim=-1)
+        u = torch.rand(len(p), 1, generator=generator, device=p.device, dtype=torch.float64)
+        return inverse_transform(cumulative, u * cumulative[:, -1:])
 
 
 @torch.inference_mode()
@@ -110,8 +118,9 @@ def output_distance(target, drafter, acceptance, prompt=(1,), length: int = 3, s
 
     Every continuation of ``length`` tokens is enumerated and its exact probability under the
     target (at ``temperature``) computed in one forward pass; ``samples`` runs of the loop give
-    the empirical distribution. Sampling noise alone leaves a distance of about
-    ``sqrt(V ** length / samples) / 3``, which an exact rule (rejection sampling) shows.
+    the empirical distribution. Sampling noise alone leaves a distance of at most about
+    ``0.4 * sqrt(V ** length / samples)`` (less for a peaked target), which an exact rule
+    (rejection sampling) shows.
     """
     import itertools
     from collections import Counter
@@ -119,6 +128,13 @@ def output_distance(target, drafter, acceptance, prompt=(1,), length: int = 3, s
     from .speculative import speculative_generate
 
     vocab = int(target.config.vocab_size)
+    for name, value in [("length", length), ("samples", samples), ("gamma", gamma)]:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
+        raise ValueError(f"temperature must be a number > 0 (the distance of a sampled output), got {temperature!r}")
+    if not prompt or any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in prompt):
+        raise ValueError(f"prompt must be a non-empty sequence of token ids in [0, {vocab}), got {prompt!r}")
     if vocab ** length > 100_000:
         raise ValueError(f"vocab_size ** length must be at most 100000 to enumerate, got {vocab} ** {length}")
     seqs = list(itertools.product(range(vocab), repeat=length))
