@@ -13,7 +13,9 @@ nats. Where the target is sure (low entropy), the threshold is ``epsilon``: only
 gives a fair share of its mass pass. Where it hesitates (high entropy), ``delta * exp(-H)`` is
 small, and so is the bar. A call keeps the longest prefix of drafts that all pass; the token
 after that prefix comes from the target, either its most likely token (``next_token="argmax"``,
-Medusa's choice) or a sample of ``p`` (``next_token="sample"``).
+the choice the Medusa paper describes; with drafts that are a drafter's top tokens nothing is
+random then, and each prompt gets one answer) or a sample of ``p`` (``next_token="sample"``).
+Medusa's released code samples it from ``p`` restricted to the tokens above the bar.
 
 The rule never looks at the drafter's ``q``: it judges the drafts by the target alone, so a draft
 the target finds plausible is kept whatever the drafter's confidence, and the output is *not*
@@ -75,7 +77,7 @@ def typical_accept(draft_tokens: torch.Tensor, p: torch.Tensor, epsilon: float, 
 class TypicalAcceptance:
     """Medusa's typical acceptance as an acceptance rule for ``ll.speculative_generate``.
 
-    ``epsilon`` and ``delta`` set the threshold (Medusa's defaults: 0.09 and 0.3, about the
+    ``epsilon`` and ``delta`` set the threshold (Medusa's defaults: 0.09 and 0.3, the
     square root of epsilon); ``next_token`` says how the token after the kept drafts is chosen:
     ``"argmax"`` (Medusa) or ``"sample"`` (a draw from the target's ``p`` there). At temperature
     0 the rule is greedy matching, whatever the settings.
