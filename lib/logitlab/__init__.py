@@ -8,7 +8,7 @@
 Each module follows a chapter of the book and says which one.
 """
 
-from . import checks, drafters, medusa, metrics, penalties, processors, speculative, tree, typical_acceptance, viz
+from . import checks, drafters, lookahead, medusa, metrics, penalties, processors, speculative, tree, typical_acceptance, viz
 from .models import device, load, next_token_logits, toy_bigram, toy_model
 from .probs import apply_temperature, entropy, kl, log_softmax, softmax, tv_distance
 from .generate import GenerationResult, generate
@@ -27,6 +27,7 @@ __all__ = [
     "penalties",
     "processors",
     "drafters",
+    "lookahead",
     "medusa",
     "speculative",
     "speculative_generate",

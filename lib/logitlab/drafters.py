@@ -1,6 +1,7 @@
 """Drafters: who proposes the tokens that speculative sampling verifies.
 
-Chapter 6 ("Speculative sampling") explains this module; chapter 7 adds Medusa heads.
+Chapter 6 ("Speculative sampling") explains this module; chapter 7 adds Medusa heads, chapter 8
+PaSS look-ahead embeddings.
 
 A drafter is any object with four methods, called by ``ll.speculative_generate``:
 
@@ -25,6 +26,10 @@ judged only by how often its proposals are accepted and by what it costs.
   own last hidden state, one guess per head; it also has ``observe(hidden)`` and
   ``reads_hidden_state = True``, which tell the loop to hand it that state after every pass.
   ``load_medusa(target)`` gives the book's heads for SmolLM2-135M.
+* ``logitlab.lookahead.LookaheadEmbeddings`` (chapter 8, PaSS): the target drafts for itself,
+  fed a few learned look-ahead embeddings after the context; it keeps its own copy of the
+  target's cache, which it takes from the loop's prefill (``take_prefill(target, cache)``).
+  ``ll.lookahead.load_pretrained(target, k)`` gives the book's embeddings for SmolLM2-135M.
 * ``PromptLookupDrafter``: no model at all. It finds the latest earlier occurrence of the
   context's last n tokens and proposes what followed it, with ``q`` one-hot on each proposal:
   very cheap, and good when the output copies from the input (summaries, edits, code).

@@ -317,6 +317,8 @@ def speculative_generate(
     else:
         out = target(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
         cache, logits = out.past_key_values, out.logits
+    if hasattr(drafter, "take_prefill"):  # a drafter that runs the target itself (PaSS) starts from its prefill
+        drafter.take_prefill(target, cache)
     # The first token is the target's choice after an empty prefix: the rule's own choice when it
     # has one (typical acceptance takes the argmax, as after any accepted prefix), else a draw.
     next_from = getattr(acceptance, "next_from", None)

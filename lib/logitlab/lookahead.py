@@ -1,0 +1,555 @@
+"""PaSS: the target drafts for itself, with a few learned look-ahead embeddings.
+
+Chapter 8 ("Parallel speculative sampling") explains this module.
+
+PaSS (Monea et al., 2023) needs neither a second model (chapter 6) nor extra heads (chapter 7).
+It adds ``k`` vectors of the model's embedding size, the *look-ahead embeddings*
+``l_1 .. l_k``, and feeds them after the real tokens as if they were tokens:
+
+    input     x_0  x_1 ... x_t   l_1      l_2      ...  l_k
+    position  0    1   ... t     t+1      t+2      ...  t+k
+    predicts  x_1  x_2 ... x_t+1 x_t+2    x_t+3    ...  x_t+k+1
+
+The last real position predicts ``x_{t+1}`` as always (an exact sample of the target); the
+output at ``l_i`` is a guess of ``x_{t+1+i}``, made without knowing the tokens in between. The
+look-ahead inputs are causal like any token: ``l_i`` sees the context and ``l_1 .. l_{i-1}``,
+never a later one. So one forward pass gives one exact token and ``k`` drafts, and only
+``k x d_emb`` numbers are trained (576 each for SmolLM2-135M): the model itself is frozen.
+
+Two ways to use them, both here:
+
+* ``LookaheadEmbeddings`` is a drafter for ``ll.speculative_generate``: the paper's algorithm.
+  Each iteration makes a *drafting* call (the target on the new tokens and the look-ahead
+  embeddings; the real position's token is drawn from the target's own distribution, so it is
+  always accepted) and the loop's *validation* call, with the usual rejection rule.
+* ``pass_generate``: our single-call variant. One pass verifies the previous drafts **and**
+  drafts the next ones: the look-ahead embeddings go after every prefix of the drafts that
+  verification might keep (a small tree, scored with ``logitlab.tree``'s attention mask), or
+  only after the prefix most likely to be kept. Exactness is unchanged (chapter 8 proves it).
+
+Training (``train_lookahead``) distils the target into the embeddings: the output at ``l_i``
+after context ``x_0..x_t`` learns the target's own distribution of ``x_{t+1+i}``, which the
+training data (the model's own continuations, from ``logitlab.train_draft``) records as top-64
+logits. Many contexts of one sequence are trained in one pass, again with a tree mask.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ._validate import check_generator
+from .probs import softmax
+from .sampling import SamplingConfig, process_logits, sample
+from .tree import _additive_mask, tree_attention_mask, tree_position_ids
+
+# Written by ``python -m logitlab.train_lookahead``: 8 look-ahead embeddings for SmolLM2-135M.
+PRETRAINED_LOOKAHEAD = Path(__file__).parent / "data" / "lookahead_smollm2_135m.safetensors"
+
+
+class LookaheadEmbeddings(torch.nn.Module):
+    """``k`` learned input vectors that make ``model`` guess ``k`` tokens beyond the next one.
+
+    The only parameters are ``vectors`` ``[k, d_emb]``; ``model`` is frozen and not a submodule
+    (``parameters()`` is just the vectors). Freshly made, the vectors are the mean token
+    embedding plus a little noise (seeded), so every slot starts as a vague "some token".
+    Also a drafter for ``ll.speculative_generate`` (the two-call algorithm of the paper).
+    """
+
+    def __init__(self, model, k: int, seed: int = 0):
+        super().__init__()
+        _check_model(model)
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k (the number of look-ahead embeddings) must be an integer >= 1, got {k!r}")
+        embedding = model.model.embed_tokens.weight.detach().float()
+        noise = torch.randn(k, embedding.shape[1], generator=torch.Generator().manual_seed(seed))
+        init = embedding.mean(0) + 0.1 * embedding.std() * noise.to(embedding.device)
+        self.vectors = torch.nn.Parameter(init)
+        self.__dict__["model"] = model  # a plain attribute: the model is not part of this module
+        self.k = k
+        self.vocab_size = int(model.config.vocab_size)
+        self.steps = 0  # drafting calls (forward passes of the target made by this drafter)
+        self.cache, self.mask, self.unfed = None, None, []  # the drafter's state, set by start()
+
+    def inputs(self, n: int | None = None) -> torch.Tensor:
+        """The first ``n`` (default all) vectors in the model's dtype, ready to go after token embeddings."""
+        n = self.k if n is None else n
+        return self.vectors[:n].to(self.model.model.embed_tokens.weight.dtype)
+
+    # --- The drafter protocol of ll.speculative_generate (see logitlab.drafters) ---------------
+
+    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+        self.mask = attention_mask
+        self.cache = None  # taken from the target's prefill (take_prefill): no second prefill
+        # Drafts the target accepted but this drafter's cache has not seen yet, per row.
+        self.unfed = [[] for _ in range(input_ids.shape[0])]
+        self.steps = 1  # the shared prefill counts as the drafter's first step, as for other drafters
+
+    def take_prefill(self, target, cache) -> None:
+        """The loop hands over the target and its cache after the prompt; this drafter keeps a copy."""
+        import copy
+
+        if target is not self.model:
+            raise ValueError("drafter: these look-ahead embeddings were made for another model than the target; "
+                             "PaSS drafts with the target itself")
+        self.cache = copy.deepcopy(cache)
+
+    @torch.inference_mode()
+    def propose(self, next_tokens, gamma, config: SamplingConfig, generator=None):
+        """The drafting call: the tokens this drafter has not seen (accepted drafts and the pending
+        token) and ``min(gamma, k + 1) - 1`` look-ahead embeddings, in one pass of the target.
+        Draft 1 is drawn from the target's distribution at the pending token (so ``q_1 = p_1``: the
+        validation pass accepts it, up to rounding between the two passes), drafts 2.. from the
+        look-ahead outputs."""
+        if self.cache is None:
+            raise ValueError("LookaheadEmbeddings needs the target's prefill: use it in ll.speculative_generate")
+        g = min(gamma, self.k + 1)
+        width = max(len(u) for u in self.unfed) + 1
+        feed = torch.zeros(len(self.unfed), width, dtype=torch.long, device=next_tokens.device)
+        new_mask = torch.zeros_like(feed)
+        for b, (u, t) in enumerate(zip(self.unfed, next_tokens.tolist())):
+            # Accepted drafts first, then padding (masked out), then the pending token last.
+            feed[b, : len(u)], new_mask[b, : len(u)] = torch.tensor(u, dtype=torch.long), 1
+            feed[b, -1], new_mask[b, -1] = t, 1
+        embeds = self.model.model.embed_tokens(feed)
+        looks = self.inputs(g - 1)[None].expand(len(feed), -1, -1)
+        mask = torch.cat([self.mask, new_mask, new_mask.new_ones(len(feed), g - 1)], dim=1)
+        positions = (mask.cumsum(dim=-1) - 1).clamp_min(0)[:, -(width + g - 1):]
+        out = self.model(inputs_embeds=torch.cat([embeds, looks], dim=1), attention_mask=mask,
+                         position_ids=positions, past_key_values=self.cache, use_cache=True, logits_to_keep=g)
+        self.steps += 1
+        self.cache = out.past_key_values
+        if g > 1:  # the look-ahead entries never stay in the cache
+            self.cache.crop(-(g - 1))
+        self.mask = mask[:, : mask.shape[1] - (g - 1)]
+        tokens, q = _draw(out.logits.float(), config, generator)
+        self.proposed = tokens
+        return tokens, q
+
+    def rollback(self, num_accepted: torch.Tensor) -> None:
+        self.unfed = [self.proposed[b, :n].tolist() for b, n in enumerate(num_accepted.tolist())]
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        self.cache.batch_select_indices(keep)
+        self.mask = self.mask[keep]
+        self.unfed = [self.unfed[i] for i in keep.tolist()]
+
+
+def _draw(logits: torch.Tensor, config: SamplingConfig, generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per position from logits ``[B, g, V]`` and the distribution it came from:
+    the argmax with a one-hot ``q`` at T = 0, else a sample of the processed distribution."""
+    if config.temperature == 0:
+        tokens = logits.argmax(dim=-1)
+        return tokens, F.one_hot(tokens, logits.shape[-1]).float()
+    processed = process_logits(logits, config)
+    return sample(processed, 1.0, generator), softmax(processed)
+
+
+def _check_model(model):
+    if not (hasattr(model, "model") and hasattr(model, "lm_head") and hasattr(model.model, "embed_tokens")):
+        raise ValueError("model must be a Hugging Face causal LM with .model (its body), .model.embed_tokens and "
+                         ".lm_head, such as the SmolLM2 model of ll.load()")
+
+
+def _check_lookahead(lookahead, model):
+    if not isinstance(lookahead, LookaheadEmbeddings):
+        raise ValueError(f"lookahead must be LookaheadEmbeddings, got {type(lookahead).__name__}")
+    if lookahead.model is not model:
+        raise ValueError("lookahead was made for another model: build or load it with this target")
+
+
+# --- Saving and loading ------------------------------------------------------------------------
+
+
+def save_lookahead(lookahead: LookaheadEmbeddings, path: str | Path, losses=None) -> None:
+    """The vectors in float32 (8 x 576 x 4 bytes = 18 KB for SmolLM2), and the training curve
+    (``train_lookahead``'s losses, ``[steps, k]``) if given, so that it travels with them."""
+    from safetensors.torch import save_file
+
+    state = {"vectors": lookahead.vectors.detach().float().cpu().contiguous()}
+    if losses is not None:
+        state["losses"] = torch.tensor(losses, dtype=torch.float32).contiguous()
+    save_file(state, str(path))
+
+
+def training_curve(path: str | Path | None = None) -> torch.Tensor | None:
+    """The KL per step and slot ``[steps, k]`` saved with the embeddings (the shipped ones by
+    default), or None if none was saved."""
+    from safetensors.torch import load_file
+
+    return load_file(str(PRETRAINED_LOOKAHEAD if path is None else path)).get("losses")
+
+
+def load_lookahead(model, path: str | Path, k: int | None = None) -> LookaheadEmbeddings:
+    """Embeddings saved by ``save_lookahead``, for ``model``; the first ``k`` of them if given.
+
+    Keeping the first ``k`` of a trained set is a valid smaller set: ``l_i`` only ever sees
+    ``l_1 .. l_{i-1}``, so the later vectors never change what the earlier ones predict."""
+    from safetensors.torch import load_file
+
+    _check_model(model)
+    vectors = load_file(str(path))["vectors"]
+    size = model.model.embed_tokens.weight.shape[1]
+    if vectors.dim() != 2 or vectors.shape[1] != size:
+        raise ValueError(f"model: these embeddings have size {tuple(vectors.shape)[1:]}, the model's embedding "
+                         f"size is {size}; they were trained for another model")
+    k = vectors.shape[0] if k is None else k
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= vectors.shape[0]:
+        raise ValueError(f"k must be an integer in [1, {vectors.shape[0]}] (the saved embeddings), got {k!r}")
+    lookahead = LookaheadEmbeddings(model, k)
+    with torch.no_grad():
+        lookahead.vectors.copy_(vectors[:k].to(lookahead.vectors.device))
+    return lookahead
+
+
+def load_pretrained(model, k: int = 8) -> LookaheadEmbeddings:
+    """The book's trained look-ahead embeddings for SmolLM2-135M (``k`` = 1 .. 8 of them)."""
+    config = getattr(model, "config", None)
+    shape = tuple(getattr(config, a, None) for a in ("vocab_size", "hidden_size", "num_hidden_layers"))
+    if shape != (49152, 576, 30):
+        raise ValueError("model must be SmolLM2-135M (vocab 49152, hidden size 576, 30 layers), the model the "
+                         f"shipped embeddings were trained for; got (vocab, hidden, layers) = {shape}")
+    return load_lookahead(model, PRETRAINED_LOOKAHEAD, k)
+
+
+# --- The single-call variant -------------------------------------------------------------------
+
+
+def single_call_layout(num_drafts: int, groups: dict[int, int]) -> list[int]:
+    """Parents of one pass of ``pass_generate``: the pending token (node 0), the drafts as a chain
+    (nodes 1..m), then for each prefix length ``j`` in ``groups`` a chain of ``groups[j]``
+    look-ahead slots hanging from node ``j`` (the pending token for j = 0, else draft j)."""
+    parents = [-1] + list(range(num_drafts))
+    for j, size in sorted(groups.items()):
+        if not 0 <= j <= num_drafts:
+            raise ValueError(f"groups: prefix length {j} is not in [0, {num_drafts}]")
+        for i in range(size):
+            parents.append(j if i == 0 else len(parents) - 1)
+    return parents
+
+
+def single_call_forward(target, lookahead: LookaheadEmbeddings, cache, pending, drafts, groups: dict[int, int]):
+    """One pass of the single-call variant after the cached sequence: the pending token, the
+    drafts, and ``groups[j]`` slots after each prefix length j (``single_call_layout``), with the
+    tree mask, so that each input sees the cache and its own ancestors only. Returns the cache
+    (holding every input now) and the last hidden states ``[n, H]`` in layout order."""
+    parents = single_call_layout(len(drafts), groups)
+    length = cache.get_seq_length()
+    device = target.model.embed_tokens.weight.device
+    allowed = torch.ones(len(parents), length + len(parents), dtype=torch.bool)
+    allowed[:, length:] = tree_attention_mask(parents)
+    chain = target.model.embed_tokens(torch.cat([pending.reshape(1), drafts]))
+    looks = [lookahead.inputs(size) for _, size in sorted(groups.items())]
+    out = target.model(inputs_embeds=torch.cat([chain, *looks])[None],
+                       attention_mask=_additive_mask(allowed, target).to(device)[None, None],
+                       position_ids=tree_position_ids(parents, length)[None].to(device),
+                       past_key_values=cache, use_cache=True)
+    return out.past_key_values, out.last_hidden_state[0]
+
+
+@torch.inference_mode()
+def pass_generate(target, lookahead: LookaheadEmbeddings, input_ids, *, max_new_tokens: int,
+                  temperature: float = 0.0, prefixes: str = "all", eos_token_id=None, tokenizer=None,
+                  generator: torch.Generator | None = None):
+    """Generate one sequence with PaSS in **one** target call per iteration.
+
+    A call holds the pending token, the current drafts ``d_1 .. d_m`` and look-ahead slots: after
+    every prefix ``d_1 .. d_j`` (``prefixes="all"``: j = 0 .. m, a tree) or after one prefix only
+    (``"likely"``: the prefix the drafts' own probabilities make the most likely place for
+    verification to stop). The drafts are verified with ``logitlab.speculative``'s rule
+    (rejection sampling; greedy matching at T = 0); the slots after the kept prefix give the next
+    drafts, if that prefix had slots, else the next call has none. Returns a
+    ``SpeculativeResult`` (one row; ``target_calls`` counts every pass, the prefill included).
+    """
+    from .generate import _check_counts
+    from .speculative import RejectionSampling, SpeculativeResult, _choose, _eos_ids, _finished, _prompt_batch
+
+    start_time = time.perf_counter()
+    _check_model(target)
+    _check_lookahead(lookahead, target)
+    if prefixes not in ("all", "likely"):
+        raise ValueError(f"prefixes must be 'all' or 'likely', got {prefixes!r}")
+    _check_counts(max_new_tokens, 0, 1)
+    config = SamplingConfig(temperature=temperature)
+    eos = _eos_ids(eos_token_id, target)
+    device = target.model.embed_tokens.weight.device
+    check_generator(generator, device)
+    ids, _ = _prompt_batch(input_ids, None, tokenizer, device)
+    if ids.shape[0] != 1:
+        raise ValueError(f"input_ids must be one prompt, got {ids.shape[0]}")
+    embed, rule, k = target.model.embed_tokens, RejectionSampling(), lookahead.k  # logitlab.speculative's rule
+
+    # Prefill: the prompt and k slots; the prompt's last position gives the first token.
+    slots = min(k, max_new_tokens - 1)
+    out = target.model(inputs_embeds=torch.cat([embed(ids[0]), lookahead.inputs(slots)])[None], use_cache=True)
+    cache, hidden = out.past_key_values, out.last_hidden_state[0]
+    logits = target.lm_head(hidden[ids.shape[1] - 1:]).float()  # [1 + slots, V]
+    pending = _choose(logits[:1], config, generator)[0]
+    if slots:
+        drafts, q = _draw(logits[None, 1:], config, generator)
+        drafts, q = drafts[0], q[0]
+        conf = _confidence(logits[1:], drafts, config)
+    else:  # one token asked for: nothing to draft
+        drafts, q, conf = torch.zeros(0, dtype=torch.long, device=device), None, torch.zeros(0)
+    _crop_to(cache, ids.shape[1])
+    output, reasons = [int(pending)], ["length"]
+    result = SpeculativeResult([], [], reasons, None, [0], target_calls=1)
+    only_row = torch.zeros(1, dtype=torch.long)
+
+    while not _finished([output], only_row, eos, max_new_tokens, reasons).item():
+        left = max_new_tokens - len(output)
+        m = min(len(drafts), left - 1)  # a call yields its accepted drafts and one more token
+        drafts, conf = drafts[:m], conf[:m]
+        q = q[:m] if m else None
+        # Slots after prefix j: the next call's drafts, no more than it could still use.
+        wanted = range(m + 1) if prefixes == "all" else [_likely_stop(conf)]
+        groups = {j: min(k, left - j - 2) for j in wanted if left - j - 2 > 0}
+        t0 = time.perf_counter()
+        length = cache.get_seq_length()
+        cache, hidden = single_call_forward(target, lookahead, cache, pending, drafts, groups)
+        result.target_calls += 1
+
+        # Verify with the loop's rule; only the chain and the kept prefix's slots need logits.
+        chain_logits = target.lm_head(hidden[: m + 1]).float()
+        if m == 0:
+            num, nxt = 0, _choose(chain_logits[:1], config, generator)[0]
+        else:
+            p = softmax(process_logits(chain_logits, config))[None] if temperature > 0 else None
+            num, nxt = rule(drafts[None], q[None], p, chain_logits[None], config, generator)
+            num, nxt = int(num[0]), nxt[0]
+        result.accepted.append([num])
+        result.drafted.append(m)
+        output += drafts[:num].tolist() + [int(nxt)]
+        _crop_to(cache, length + num + 1)  # the chain comes first: keep the pending token and the kept drafts
+
+        if num in groups:
+            start = m + 1 + sum(size for j, size in groups.items() if j < num)
+            slot_logits = target.lm_head(hidden[start: start + groups[num]]).float()
+            drafts, q = _draw(slot_logits[None], config, generator)
+            drafts, q = drafts[0], q[0]
+            conf = _confidence(slot_logits, drafts, config)
+        else:  # verification stopped where no slots were placed: the next call drafts only
+            drafts, q, conf = torch.zeros(0, dtype=torch.long, device=device), None, torch.zeros(0)
+        pending = nxt
+        result.verify_seconds += time.perf_counter() - t0
+
+    new = torch.tensor(output, dtype=torch.long, device=device)
+    result.new_tokens, result.sequences = [new], [torch.cat([ids[0], new])]
+    if tokenizer is not None:
+        result.texts = [tokenizer.decode(output, skip_special_tokens=True)]
+    result.seconds = time.perf_counter() - start_time
+    return result
+
+
+def _crop_to(cache, length: int) -> None:
+    """Keep the first ``length`` entries of a Hugging Face cache (its ``crop`` takes what to drop)."""
+    drop = cache.get_seq_length() - length
+    if drop > 0:  # nothing to drop: no call at all
+        cache.crop(-drop)
+
+
+def _confidence(logits: torch.Tensor, drafts: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """The drafter's own probability of each draft (at T = 0, under its T = 1 distribution):
+    a guess of how likely each draft is to be kept, used only to place the slots."""
+    if len(drafts) == 0:
+        return torch.zeros(0)
+    probs = softmax(process_logits(logits, config) if config.temperature > 0 else logits)
+    return probs.gather(-1, drafts[:, None]).squeeze(-1).double().cpu()
+
+
+def _likely_stop(conf: torch.Tensor) -> int:
+    """The prefix length j most likely to be kept if draft i passes with probability ``conf[i]``,
+    independently: P(keep exactly j) = conf_1 ... conf_j (1 - conf_{j+1})."""
+    best, best_p, run = 0, -1.0, 1.0
+    for j in range(len(conf) + 1):
+        stop = 1.0 - float(conf[j]) if j < len(conf) else 1.0
+        if run * stop > best_p:
+            best, best_p = j, run * stop
+        if j < len(conf):
+            run *= float(conf[j])
+    return best
+
+
+# --- Training ----------------------------------------------------------------------------------
+
+
+def training_layout(length: int, starts: list[int], k: int) -> list[int]:
+    """Parents for training on one sequence of ``length`` tokens: the tokens as a chain, then a
+    chain of ``k`` look-ahead slots after each context end ``t`` in ``starts`` (slot 1's parent is
+    token t). One pass then trains every context in ``starts`` at once, each group seeing only
+    its own context, exactly as at generation time."""
+    parents = [-1] + list(range(length - 1))
+    for t in starts:
+        for i in range(k):
+            parents.append(t if i == 0 else len(parents) - 1)
+    return parents
+
+
+def lookahead_losses(lookahead: LookaheadEmbeddings, rows, groups: int, rng: random.Random) -> torch.Tensor:
+    """KL(target || look-ahead) per slot, ``[k]``, averaged over ``groups`` random contexts of each row.
+
+    ``rows`` are training rows of ``logitlab.train_draft`` (tokens, start of the new tokens, top-64
+    logits ``topv``/ids ``topi`` at the positions predicting them): the target's distribution of
+    token ``t + 1 + i`` is at position ``t + i``, row ``t + i - (start - 1)`` of ``topv``. That is
+    the target's distribution given the true tokens up to ``t + i``, the ones the slot skips.
+
+    Two passes: the rows alone, without gradients (the vectors do not affect them), then all the
+    slot groups on that cache, each group seeing its own context only (``training_layout``'s
+    mask). The backward pass then runs through the slots alone.
+    """
+    model, k = lookahead.model, lookahead.k
+    embed = model.model.embed_tokens
+    device = embed.weight.device
+    width = max(len(r[0]) for r in rows)
+    tokens_in, masks, positions, targets_v, targets_i = [], [], [], [], []
+    for tokens, start, topv, topi in rows:
+        last = len(tokens) - 2 - k  # slot k must still have a recorded target
+        if last < start - 1:
+            raise ValueError(f"rows: a row is too short for k = {k} (needs at least {k + 1} new tokens)")
+        starts = [rng.randint(start - 1, last) for _ in range(groups)]
+        tokens_in.append(torch.cat([tokens, tokens.new_zeros(width - len(tokens))]))  # right padding: never seen
+        parents = training_layout(width, starts, k)
+        masks.append(_additive_mask(tree_attention_mask(parents)[width:], model))  # the slots' rows
+        positions.append(tree_position_ids(parents)[width:])
+        rel = torch.tensor([[t + i - (start - 1) for i in range(1, k + 1)] for t in starts])  # [groups, k]
+        targets_v.append(topv[rel].float())
+        targets_i.append(topi[rel].long())
+    with torch.no_grad():
+        cache = model.model(input_ids=torch.stack(tokens_in).to(device), use_cache=True).past_key_values
+    slots = lookahead.inputs().repeat(groups, 1)  # [groups * k, d]: the k vectors, once per group
+    hidden = model.model(inputs_embeds=slots.expand(len(rows), -1, -1), past_key_values=cache, use_cache=True,
+                         attention_mask=torch.stack(masks)[:, None].to(device),
+                         position_ids=torch.stack(positions).to(device)).last_hidden_state
+    logq = F.log_softmax(model.lm_head(hidden).float(), dim=-1)  # [B, groups * k, V]
+    logq = logq.view(len(rows), groups, k, -1)
+    logp = F.log_softmax(torch.stack(targets_v).to(device), dim=-1)  # the target renormalised over its top 64
+    kl = (logp.exp() * (logp - logq.gather(-1, torch.stack(targets_i).to(device)))).sum(-1)  # [B, groups, k]
+    return kl.mean(dim=(0, 1))
+
+
+@torch.inference_mode()
+def rows_from_tokens(model, sequences, tokenizer=None, top: int = 64) -> list:
+    """Training rows from plain text: each sequence (a string, with ``tokenizer``, or token ids)
+    is run through ``model`` once, and its top-``top`` logits at every position are recorded,
+    the form ``logitlab.train_draft.make_data`` produces (the whole sequence counts as new)."""
+    rows = []
+    device = model.model.embed_tokens.weight.device
+    for seq in sequences:
+        if isinstance(seq, str):
+            if tokenizer is None:
+                raise ValueError("data: texts need a tokenizer (pass tokenizer=...)")
+            seq = tokenizer(seq)["input_ids"]
+        ids = torch.as_tensor(seq, dtype=torch.long, device=device)
+        if ids.dim() != 1 or len(ids) < 3:
+            raise ValueError(f"data: each sequence must be one list of at least 3 token ids, got shape {tuple(ids.shape)}")
+        logits = model(input_ids=ids[None]).logits[0, :-1].float()
+        v, i = logits.topk(min(top, logits.shape[-1]), dim=-1)
+        rows.append((ids.cpu(), 1, v.half().cpu(), i.int().cpu()))
+    return rows
+
+
+def _as_rows(model, data, tokenizer):
+    """Rows as they are, or made from texts / token sequences (``rows_from_tokens``)."""
+    if not isinstance(data, (list, tuple)) or not data:
+        raise ValueError("data must be a non-empty list of training rows (logitlab.train_draft), texts or "
+                         "token sequences")
+    if all(isinstance(r, tuple) and len(r) == 4 and isinstance(r[2], torch.Tensor) for r in data):
+        return list(data)
+    return rows_from_tokens(model, data, tokenizer)
+
+
+def train_lookahead(model, k: int, data, steps: int, lr: float = 0.01, batch: int = 4, groups: int = 16,
+                    seed: int = 0, progress: bool = True, lookahead: LookaheadEmbeddings | None = None,
+                    tokenizer=None):
+    """Train ``k`` look-ahead embeddings for ``model`` (frozen) by distillation.
+
+    ``data``: training rows as made by ``logitlab.train_draft.make_data`` (the model's own
+    continuations with its top-64 logits), or texts (with ``tokenizer``) or token sequences,
+    which are first run through the model to record its logits (``rows_from_tokens``). Each step
+    takes ``batch`` rows and ``groups`` random contexts in each. Returns ``(lookahead, losses)``:
+    ``losses[s]`` is step s's KL per slot (a list of ``k`` floats), for the loss curve. Adam,
+    short warm-up, cosine decay. A progress bar shows the loss unless ``progress=False``.
+    """
+    _check_model(model)
+    for name, v, lo in (("steps", steps, 1), ("batch", batch, 1), ("groups", groups, 1)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
+        raise ValueError(f"lr must be a number > 0, got {lr!r}")
+    if not isinstance(data, (list, tuple)) or len(data) < batch:
+        raise ValueError(f"data must be a list of at least batch={batch} training rows (logitlab.train_draft), "
+                         "texts or token sequences")
+    lookahead = LookaheadEmbeddings(model, k, seed) if lookahead is None else lookahead
+    _check_lookahead(lookahead, model)
+    if lookahead.k != k:
+        raise ValueError(f"k={k} but the lookahead given has {lookahead.k} embeddings")
+    data = _as_rows(model, data, tokenizer)
+    rng = random.Random(seed)
+    opt = torch.optim.Adam(lookahead.parameters(), lr=lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 10) * 0.5 * (1 + math.cos(math.pi * s / steps)))
+    frozen = [p.requires_grad for p in model.parameters()]
+    model.requires_grad_(False)  # gradients flow through the model to the vectors only
+    losses, start = [], time.perf_counter()
+    bar = _progress(steps, progress)
+    try:
+        for step in range(steps):
+            per_slot = lookahead_losses(lookahead, rng.sample(list(data), batch), groups, rng)
+            opt.zero_grad()
+            per_slot.mean().backward()
+            opt.step()
+            sched.step()
+            losses.append(per_slot.tolist())
+            bar(step, sum(losses[-1]) / k, time.perf_counter() - start)
+    finally:
+        for p, f in zip(model.parameters(), frozen):
+            p.requires_grad_(f)
+    return lookahead, losses
+
+
+def _progress(steps: int, enabled: bool):
+    """A progress bar (tqdm's, in a notebook or a terminal) updated once per step."""
+    if not enabled:
+        return lambda step, loss, seconds: None
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=steps, desc="look-ahead training")
+
+    def update(step, loss, seconds):
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.3f}")
+        if step == steps - 1:
+            bar.close()
+
+    return update
+
+
+@torch.inference_mode()
+def slot_accuracy(lookahead: LookaheadEmbeddings, rows, groups: int = 16, seed: int = 0) -> list[float]:
+    """Top-1 accuracy per slot on ``rows``: how often slot i's most likely token is the target's
+    most likely token ``i + 1`` places ahead (the rate greedy PaSS would accept it at, if every
+    earlier draft were right)."""
+    rng = random.Random(seed)
+    model, k = lookahead.model, lookahead.k
+    hits, total = torch.zeros(k), 0
+    device = model.model.embed_tokens.weight.device
+    for row in rows:
+        tokens, start, topv, topi = row
+        if len(tokens) - 2 - k < start - 1:
+            raise ValueError(f"rows: a row is too short for k = {k} (needs at least {k + 1} new tokens)")
+        starts = [rng.randint(start - 1, len(tokens) - 2 - k) for _ in range(groups)]
+        parents = training_layout(len(tokens), starts, k)
+        inputs = torch.cat([model.model.embed_tokens(tokens.to(device)), lookahead.inputs().repeat(groups, 1)])
+        mask = _additive_mask(tree_attention_mask(parents), model)[None, None].to(device)
+        hidden = model.model(inputs_embeds=inputs[None], attention_mask=mask,
+                             position_ids=tree_position_ids(parents)[None].to(device)).last_hidden_state[0]
+        guess = model.lm_head(hidden[len(tokens):]).argmax(-1).view(groups, k).cpu()
+        rel = torch.tensor([[t + i - (start - 1) for i in range(1, k + 1)] for t in starts])
+        hits += (guess == topi[rel][..., 0].long()).float().sum(0)
+        total += groups
+    return (hits / total).tolist()
