@@ -1,0 +1,53 @@
+"""The checkers of chapter 8's exercises accept right answers and reject typical mistakes."""
+
+import pytest
+
+import logitlab as ll
+from logitlab.checks import CheckFailed
+
+
+def training_parents(length, starts, k, slot_parent="previous"):
+    parents = [-1] + list(range(length - 1))
+    for t in starts:
+        for i in range(k):
+            if i == 0:
+                parents.append(t)
+            elif slot_parent == "previous":
+                parents.append(len(parents) - 1)
+            else:  # every slot hangs from the token: the slots would not see each other
+                parents.append(t)
+    return parents
+
+
+def test_check_training_layout(capsys):
+    ll.checks.check_training_layout(training_parents)
+    assert "check_training_layout: all" in capsys.readouterr().out
+    wrong_answers = [
+        lambda length, starts, k: training_parents(length, starts, k, slot_parent="token"),
+        lambda length, starts, k: training_parents(length, [t + 1 for t in starts], k),  # slots after t + 1
+        lambda length, starts, k: [-1] + list(range(length - 1)),  # forgets the slots
+    ]
+    for wrong in wrong_answers:
+        with pytest.raises(CheckFailed):
+            ll.checks.check_training_layout(wrong)
+
+
+def single_call_parents(num_drafts, groups, order=sorted):
+    parents = [-1] + list(range(num_drafts))
+    for j in order(groups):
+        for i in range(groups[j]):
+            parents.append(j if i == 0 else len(parents) - 1)
+    return parents
+
+
+def test_check_single_call_layout(capsys):
+    ll.checks.check_single_call_layout(single_call_parents)
+    assert "check_single_call_layout: all" in capsys.readouterr().out
+    wrong_answers = [
+        lambda m, groups: single_call_parents(m, groups, order=list),  # groups in the order given
+        lambda m, groups: [-1] + [0] * m + [0] * sum(groups.values()),  # everything hangs from the root
+        lambda m, groups: single_call_parents(m, {j + 1: s for j, s in groups.items() if j < m}),  # off by one
+    ]
+    for wrong in wrong_answers:
+        with pytest.raises(CheckFailed):
+            ll.checks.check_single_call_layout(wrong)
