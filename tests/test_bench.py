@@ -7,7 +7,7 @@ from logitlab import bench
 
 def test_bench_prints_a_table_and_writes_json(capsys, tmp_path):
     out_file = tmp_path / "bench.json"
-    bench.main(["--skip-load", "--skip-generate", "--skip-speculative", "--skip-typical", "--json", str(out_file)])
+    bench.main(["--skip-load", "--skip-generate", "--skip-speculative", "--skip-typical", "--skip-pass", "--json", str(out_file)])
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ") and " ms |" in line]
     assert len(rows) == 16  # 8 sampling rows, then 8 of batch sampling, tree scoring and beam search
@@ -50,6 +50,17 @@ def test_typical_rows_run_on_a_small_setting():
     bench.bench_typical(table, model, tokenizer, new_tokens=8, temperatures=(0.0, 1.0), repeat=1)
     assert len(table.rows) == 4 + 5 and all(r["seconds"] > 0 for r in table.rows)
     assert "tree (3, 2, 1)" in table.rows[3]["measurement"] and "typical" in table.rows[8]["measurement"]
+
+
+def test_pass_rows_run_on_a_small_setting():
+    import logitlab as ll
+
+    model, tokenizer = ll.load("smollm2-135m", device="cpu")
+    table = bench.Table()
+    bench.bench_pass(table, model, tokenizer, new_tokens=8, ks=(1, 3), single_ks=(2,), temperatures=(0.0,), repeat=1)
+    assert len(table.rows) == 1 + 2 + 2 and all(r["seconds"] > 0 for r in table.rows)
+    assert "k=3" in table.rows[2]["measurement"] and "likely" in table.rows[4]["measurement"]
+    assert "tokens per target pass" in table.rows[1]["measurement"]
 
 
 def test_a_ratio_below_one_is_reported_as_slower():

@@ -27,6 +27,10 @@ Rows:
   rejection sampling (top-token and sampled proposals) and under typical acceptance, and as a
   tree under typical acceptance, each with its tokens per target call, against our
   autoregressive loop;
+* PaSS (chapter 8): the shipped look-ahead embeddings with the paper's two-call algorithm for
+  k = 1 .. 8 and with our single-call variant (slots after every prefix, or after the likeliest
+  one) at temperature 0 (same tokens as greedy decoding) and 1, each with its tokens per target
+  pass, against our autoregressive loop;
 * the decoding loop: ``ll.generate`` against Hugging Face ``generate``, 128 new tokens, greedy
   and sampled, as a tokens-per-second ratio (the two loops run alternately, so both see the
   same machine load); decoding with against without the KV cache
@@ -405,6 +409,34 @@ def bench_draft_model(table: Table, model, tokenizer, new_tokens: int = 128, gam
                       times[2] / times[1], "slower than ours (same algorithm)")
 
 
+def _time_against_ar(table: Table, runs: dict, prompts, temperature: float, new_tokens: int, repeat: int,
+                     calls=lambda r: r.target_calls, unit: str = "call") -> None:
+    """Time ``runs`` (label -> fn(ids, generator); the first is the AR baseline ``ll.generate``)
+    alternately on every prompt, check at T = 0 that each gives the baseline's greedy tokens, and
+    add a row per run with its tokens per ``unit`` (``calls(result)`` counts them) and its speedup."""
+    results = {}
+
+    def timed(label):
+        run = runs[label]
+
+        def fn():
+            results[label] = [run(ids, torch.Generator().manual_seed(i)) for i, ids in enumerate(prompts)]
+        return fn
+
+    times = interleaved_median_times([timed(label) for label in runs], repeat=repeat)
+    if temperature == 0:
+        greedy = [r.new_tokens[0].tolist() for r in results["ll.generate"]]
+        for label, outs in results.items():
+            if [r.new_tokens[0].tolist() for r in outs] != greedy:
+                raise AssertionError(f"{label} changed the greedy tokens")
+    name = f"{len(prompts)} prompts, {new_tokens} tokens each, T={temperature:g}"
+    table.add(f"ll.generate, {name}", times[0])
+    for label, seconds in list(zip(runs, times))[1:]:
+        per_call = new_tokens * len(prompts) / sum(calls(r) for r in results[label])
+        table.add(f"{label} ({per_call:.2f} tokens per {unit}), {name}", seconds, times[0] / seconds,
+                  "faster than our AR loop")
+
+
 @torch.inference_mode()
 def bench_typical(table: Table, model, tokenizer, new_tokens: int = 64, gamma: int = 3,
                   trees=((2, 1), (3, 2, 1)), temperatures=(0.0, 0.7, 1.0, 1.3), repeat: int = 3) -> None:
@@ -440,27 +472,40 @@ def bench_typical(table: Table, model, tokenizer, new_tokens: int = 64, gamma: i
             runs[f"Medusa heads, chain (gamma={gamma}), rejection sampling, sampled proposals"] = chain("sample")
             runs[f"Medusa heads, chain (gamma={gamma}), typical acceptance"] = chain(acceptance=typical)
             runs[f"Medusa heads, tree {trees[-1]}, typical acceptance"] = tree(trees[-1], typical)
-        results = {}
+        _time_against_ar(table, runs, prompts, temperature, new_tokens, repeat)
 
-        def timed(label):
-            run = runs[label]
 
-            def fn():
-                results[label] = [run(ids, torch.Generator().manual_seed(i)) for i, ids in enumerate(prompts)]
-            return fn
+def pass_calls(result) -> int:
+    """Every forward pass of the target in a run: the loop's calls and, for PaSS's two-call
+    drafter, its drafting calls (its first step is the shared prefill, already counted)."""
+    return result.target_calls + max(0, result.drafter_steps - 1) if result.drafter_steps else result.target_calls
 
-        times = interleaved_median_times([timed(label) for label in runs], repeat=repeat)
-        if temperature == 0:
-            greedy = [r.new_tokens[0].tolist() for r in results["ll.generate"]]
-            for label, outs in results.items():
-                if [r.new_tokens[0].tolist() for r in outs] != greedy:
-                    raise AssertionError(f"{label} changed the greedy tokens")
-        name = f"{len(prompts)} prompts, {new_tokens} tokens each, T={temperature:g}"
-        table.add(f"ll.generate, {name}", times[0])
-        for label, seconds in list(zip(runs, times))[1:]:
-            per_call = new_tokens * len(prompts) / sum(r.target_calls for r in results[label])
-            table.add(f"{label} ({per_call:.2f} tokens per call), {name}", seconds, times[0] / seconds,
-                      "faster than our AR loop")
+
+@torch.inference_mode()
+def bench_pass(table: Table, model, tokenizer, new_tokens: int = 64, ks=tuple(range(1, 9)), single_ks=(1, 2, 4),
+               temperatures=(0.0, 1.0), repeat: int = 3) -> None:
+    """PaSS (chapter 8) with the shipped look-ahead embeddings against our AR loop, at T = 0 and 1:
+    the paper's two-call algorithm for every k in ``ks``, and the single-call variant with slots
+    after every prefix ("all") and after the likeliest one ("likely") for each k in
+    ``single_ks``. Each row gives its tokens per target pass (drafting calls included). At T = 0
+    every run is checked to give greedy decoding's tokens."""
+    from .lookahead import load_pretrained, pass_generate
+
+    prompts = [_chat(tokenizer, q) for q in DRAFT_PROMPTS]
+    sets = {k: load_pretrained(model, k) for k in set(ks) | set(single_ks)}  # loaded once, outside the timings
+    for temperature in temperatures:
+        common = dict(max_new_tokens=new_tokens, temperature=temperature, eos_token_id=[])
+        runs = {"ll.generate": lambda ids, g: generate(model, ids, generator=g, **common)}
+        for k in ks:
+            runs[f"PaSS two-call, k={k}"] = (
+                lambda ids, g, k=k: speculative_generate(model, sets[k], ids, gamma=k + 1, generator=g, **common))
+        for k in single_ks:
+            for prefixes in ("all", "likely"):
+                runs[f"PaSS single-call ({prefixes}), k={k}"] = (
+                    lambda ids, g, k=k, prefixes=prefixes: pass_generate(
+                        model, sets[k], ids, prefixes=prefixes, generator=g, **common))
+        _time_against_ar(table, runs, prompts, temperature, new_tokens, repeat,
+                         calls=pass_calls, unit="target pass")
 
 
 def cpu_name() -> str:
@@ -484,6 +529,8 @@ def main(argv=None) -> Table:
                         help="skip the speculative-decoding rows (about 8 min)")
     parser.add_argument("--skip-typical", action="store_true",
                         help="skip the Medusa-heads and typical-acceptance rows (about 6 min)")
+    parser.add_argument("--skip-pass", action="store_true",
+                        help="skip the PaSS look-ahead rows (about 25 min)")
     parser.add_argument("--json", default="bench-out/bench.json", help="where to write the results as JSON")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
@@ -501,6 +548,8 @@ def main(argv=None) -> Table:
         bench_draft_model(table, model, tokenizer)
     if not args.skip_typical:
         bench_typical(table, model, tokenizer)
+    if not args.skip_pass:
+        bench_pass(table, model, tokenizer)
     machine = f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, device cpu"
     print(f"Machine: {machine}")
     print(table.markdown())
