@@ -70,3 +70,13 @@ def test_a_ratio_below_one_is_reported_as_slower():
     lines = table.markdown().splitlines()
     assert lines[2].endswith("| 0.70x (slower than our AR loop) |")
     assert lines[3].endswith("| 1.25x faster than our AR loop |")
+
+
+def test_pass_costs_are_in_decode_steps_and_cover_every_size():
+    import logitlab as ll
+
+    model = ll.toy_model(vocab_size=5)
+    costs = bench.pass_costs(model, [1, 2, 3], [1, 4, 2], rounds=3)
+    assert list(costs) == [1, 4, 2]
+    assert costs[1] == 1.0  # the decode step is the unit
+    assert all(c > 0 for c in costs.values())

@@ -345,6 +345,29 @@ def forward_seconds(model, context_ids, tokens: int, repeat: int = 15) -> float:
     return statistics.median(times[1:])  # the first pass warms up
 
 
+
+def pass_costs(model, context_ids, sizes, rounds: int = 7) -> dict:
+    """The cost of one forward pass of ``model`` over ``n`` new tokens after a cached context,
+    in decode steps, for each ``n`` in ``sizes``. The sizes (and the one-token decode step) are
+    timed in turn, round after round, so that a machine that slows down or speeds up meanwhile
+    affects them all alike; each cost is a median over the rounds (the first round warms up)."""
+    order = [1] + [n for n in dict.fromkeys(sizes) if n != 1]
+    times = {n: [] for n in order}
+    with torch.inference_mode():
+        device = _model_device(model)
+        cache = model(input_ids=torch.tensor([list(context_ids)], device=device), use_cache=True).past_key_values
+        for r in range(rounds + 1):
+            for n in order:
+                new = torch.full((1, n), context_ids[-1], device=device)
+                start = time.perf_counter()
+                cache = model(input_ids=new, past_key_values=cache, use_cache=True).past_key_values
+                if r:
+                    times[n].append(time.perf_counter() - start)
+                cache.crop(-n)  # back to the context
+    step = statistics.median(times[1])
+    return {n: statistics.median(times[n]) / step for n in sizes}
+
+
 # Held out from the draft model's training prompts (see logitlab.train_draft).
 DRAFT_PROMPTS = ["Write a short story about a lighthouse keeper.", "Explain how a refrigerator keeps food cold."]
 

@@ -8,7 +8,7 @@ continuing from the first:
     python -m logitlab.train_lookahead --data medusa_data.pt --also draft_data.pt \
         --steps 180 --batch 4 --groups 32 --lr 0.01 --init stage1.safetensors --out lookahead.safetensors
 
-(12 and 18 minutes on 2 CPU cores; the second run uses the faster two-pass loss of
+(12 and 17 minutes on 2 CPU cores; the second run uses the faster two-pass loss of
 ``logitlab.lookahead.lookahead_losses``, which the first predates: same loss, less backward work.)
 
 The data are the model's own continuations with its top-64 logits at every new position, made
