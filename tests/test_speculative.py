@@ -417,3 +417,17 @@ def test_pooled_alpha_weighs_every_examined_draft_once():
     a, b = run([[1]], [3]), run([[2], [0]], [2, 2])
     assert a.alpha == pytest.approx(1 / 2) and b.alpha == pytest.approx(2 / 3)
     assert pooled_alpha([a, b]) == pytest.approx(3 / 5)  # not the mean of 1/2 and 2/3
+
+
+def test_acceptance_counts_by_position_on_a_hand_made_record():
+    # Call 1: 3 drafts, rows kept 3 and 1; call 2: 2 drafts, one row kept 0.
+    from logitlab.speculative import SpeculativeResult
+
+    r = SpeculativeResult(sequences=[], new_tokens=[], finish_reasons=[], texts=None, prompt_index=[],
+                          accepted=[[3, 1], [0]], drafted=[3, 2])
+    kept, reached = r.acceptance_counts()
+    assert kept.tolist() == [2, 1, 1]  # position 1 kept by both rows of call 1; 2 and 3 by the first
+    assert reached.tolist() == [3, 2, 1]  # every row reaches position 1; the rejected ones stop there
+    assert r.acceptance_by_position().tolist() == pytest.approx([2 / 3, 0.5, 1.0])
+    kept, reached = r.acceptance_counts(positions=5)  # padded, so runs can be pooled
+    assert kept.tolist() == [2, 1, 1, 0, 0] and reached.tolist() == [3, 2, 1, 0, 0]

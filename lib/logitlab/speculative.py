@@ -235,14 +235,21 @@ class SpeculativeResult:
         calls = self.target_calls - 1  # the prefill is not a verification
         return self.verify_seconds / calls if calls > 0 else 0.0
 
-    def acceptance_by_position(self) -> torch.Tensor:
-        """For each draft position i, the share of calls that reached it and accepted it."""
-        g = max(self.drafted, default=0)
+    def acceptance_counts(self, positions: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """For each draft position i, how many times verification kept it and how many times it
+        reached it (all drafts before it kept); counts, so that several runs can be pooled.
+        ``positions`` fixes the length (default: the most drafts of any call)."""
+        g = max(self.drafted, default=0) if positions is None else positions
         reached, kept = torch.zeros(g), torch.zeros(g)
         for nums, gi in zip(self.accepted, self.drafted):
             for n in nums:
                 reached[: min(n + 1, gi)] += 1
                 kept[:n] += 1
+        return kept, reached
+
+    def acceptance_by_position(self) -> torch.Tensor:
+        """For each draft position i, the share of calls that reached it and accepted it."""
+        kept, reached = self.acceptance_counts()
         return kept / reached.clamp_min(1)
 
 
