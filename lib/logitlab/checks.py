@@ -349,7 +349,7 @@ def check_tree_mask(fn) -> None:
     answer is an ``[n, n]`` tensor, True (or 1) at ``[i, j]`` when node j is node i or one of
     its ancestors.
     """
-    from .tree import _ancestors
+    from .tree import ancestors
 
     from .tree import tree_attention_mask
 
@@ -371,7 +371,7 @@ def check_tree_mask(fn) -> None:
         got = got.bool()
         if not torch.equal(got, expected):
             i, j = (got != expected).nonzero()[0].tolist()
-            path = _ancestors(parents, i)  # the root-to-node path, node included
+            path = ancestors(parents, i)  # the root-to-node path, node included
             if expected[i, j]:
                 why = f"node {j} is node {i} itself" if i == j else f"node {j} is an ancestor of node {i}"
             else:

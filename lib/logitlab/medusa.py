@@ -35,7 +35,7 @@ from ._validate import check_generator
 from .probs import softmax
 from .sampling import SamplingConfig, process_logits
 from .train_draft import SubsetHead
-from .tree import _additive_mask, _ancestors, tree_attention_mask, tree_position_ids
+from .tree import _additive_mask, ancestors, tree_attention_mask, tree_position_ids
 
 # Written by ``python -m logitlab.train_medusa``: the heads' blocks in float16 and the ids of the
 # tokens their output layer scores (the output layer itself is the target's embedding).
@@ -256,7 +256,7 @@ def medusa_generate(target, heads: MedusaHeads, input_ids, *, branching=(3, 2, 1
         for i in range(1, n):
             if ok[i] and depth[i] > depth[best]:
                 best = i
-        path = _ancestors(parents, best)  # root first
+        path = ancestors(parents, best)  # root first
         nxt = _next(logits[best], config, acceptance, generator)
 
         # 4. Keep only the path's entries in the cache: the other branches were guesses that lost.

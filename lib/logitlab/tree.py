@@ -63,7 +63,7 @@ class TokenTree:
     @property
     def depths(self) -> list[int]:
         """The depth of each node: 1 for the children of the root."""
-        return _depths(self.parents)
+        return depths(self.parents)
 
     def children(self, i: int) -> list[int]:
         """The children of node ``i`` (``i = -1``: the children of the root)."""
@@ -71,15 +71,15 @@ class TokenTree:
 
     def leaves(self) -> list[int]:
         """The nodes without children, in node order."""
-        return _leaves(self.parents)
+        return leaves(self.parents)
 
     def ancestors(self, i: int) -> list[int]:
         """The nodes on the path from the root to node ``i``, ``i`` included (root side first)."""
-        return _ancestors(self.parents, i)
+        return ancestors(self.parents, i)
 
     def paths(self) -> list[list[int]]:
         """Each leaf's root-to-leaf path of node indices."""
-        return [_ancestors(self.parents, leaf) for leaf in _leaves(self.parents)]
+        return [ancestors(self.parents, leaf) for leaf in leaves(self.parents)]
 
     def leaf_sequences(self, raw: bool = False) -> tuple[list[torch.Tensor], torch.Tensor]:
         """Each leaf's token sequence (root to leaf, without the prompt) and its summed
@@ -119,7 +119,7 @@ def tree_position_ids(parents, offset: int = 0) -> torch.Tensor:
     parents = _check_parents(parents)
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise ValueError(f"offset must be an integer >= 0 (the prompt's length), got {offset!r}")
-    return offset + torch.tensor(_depths(parents), dtype=torch.long) - 1
+    return offset + torch.tensor(depths(parents), dtype=torch.long) - 1
 
 
 # --- Scoring a tree ----------------------------------------------------------------------------
@@ -158,7 +158,7 @@ def score_paths(model, input_ids, parents, tokens) -> tuple[torch.Tensor, torch.
     seq = ids.shape[1]
     logprobs = torch.empty(len(parents), device=device)
     logits = [None] * len(parents)
-    for path in (_ancestors(parents, leaf) for leaf in _leaves(parents)):
+    for path in (ancestors(parents, leaf) for leaf in leaves(parents)):
         row = model(input_ids=torch.cat([ids[0], tokens[path]])[None], use_cache=False).logits[0].float()
         # row[seq - 1 + j] predicts the token after path[j - 1]: the token of path[j].
         lp = log_softmax(row[seq - 1 : -1]).gather(-1, tokens[path][:, None]).squeeze(-1)
@@ -324,7 +324,8 @@ def _check_parents(parents) -> list[int]:
     return list(parents)
 
 
-def _ancestors(parents: list[int], i: int) -> list[int]:
+def ancestors(parents: list[int], i: int) -> list[int]:
+    """The path from the root's first child down to node ``i``, ``i`` included (root first)."""
     path = []
     while i != -1:
         path.append(i)
@@ -332,16 +333,18 @@ def _ancestors(parents: list[int], i: int) -> list[int]:
     return path[::-1]
 
 
-def _leaves(parents: list[int]) -> list[int]:
+def leaves(parents: list[int]) -> list[int]:
+    """The nodes without children, in list order."""
     has_child = set(parents)
     return [i for i in range(len(parents)) if i not in has_child]
 
 
-def _depths(parents: list[int]) -> list[int]:
-    depths = []
+def depths(parents: list[int]) -> list[int]:
+    """Each node's depth: 1 for a child of the root, one more than its parent's otherwise."""
+    result = []
     for p in parents:
-        depths.append(1 if p == -1 else depths[p] + 1)
-    return depths
+        result.append(1 if p == -1 else result[p] + 1)
+    return result
 
 
 def _check_branching(branching) -> tuple[int, ...]:
