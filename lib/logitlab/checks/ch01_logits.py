@@ -1,0 +1,108 @@
+"""The checks of chapter 1 (logits and temperature): softmax with a temperature, Gumbel-max sampling."""
+
+from __future__ import annotations
+
+import torch
+
+from ..probs import softmax
+from .common import CheckFailed, call, show
+
+
+def _softmax_cases():
+    gen = torch.Generator().manual_seed(0)
+    yield "a small row", torch.tensor([[1.0, 2.0, 3.0]]), 1.0, ""
+    yield "a batch of random rows", torch.randn(4, 10, generator=gen), 1.0, "Work along the last dimension."
+    yield "temperature 0.5", torch.tensor([[0.0, 1.0, 2.0]]), 0.5, "Divide the logits by T before the softmax."
+    yield "temperature 3", torch.randn(3, 7, generator=gen), 3.0, "Divide the logits by T before the softmax."
+    yield "very large logits", torch.tensor([[1000.0, 999.0, 0.0]]), 1.0, (
+        "exp(1000) overflows; subtract the row maximum before exponentiating (it changes nothing else)."
+    )
+    yield "very negative logits", torch.tensor([[-1000.0, -1001.0]]), 1.0, (
+        "exp(-1000) underflows to 0 and 0/0 is NaN; subtract the row maximum first."
+    )
+    yield "a -inf logit (a removed token)", torch.tensor([[0.0, float("-inf"), 1.0]]), 0.7, (
+        "A -inf logit must get probability exactly 0."
+    )
+    yield "temperature 0 (greedy)", torch.tensor([[0.5, 3.0, -1.0], [2.0, 1.0, 0.0]]), 0.0, (
+        "T = 0 cannot divide; return the one-hot on the argmax."
+    )
+    yield "temperature 0 with a tie", torch.tensor([[1.0, 4.0, 4.0]]), 0.0, (
+        "Ties at T = 0 go to the lowest token id, like torch.argmax."
+    )
+    yield "a tiny temperature", torch.tensor([[1.0, 1.5, 0.0]]), 1e-3, "Subtract the maximum: logits / 0.001 are large."
+    yield "one row without a batch dimension", torch.tensor([2.0, 0.0, -2.0]), 1.0, "Use dim=-1, not dim=1."
+    yield "a three-dimensional batch", torch.randn(2, 3, 5, generator=gen), 1.3, "Use dim=-1, not dim=1."
+
+
+def check_softmax(fn) -> None:
+    """Check ``fn(logits, temperature)`` against :func:`logitlab.softmax` (chapter 1)."""
+    cases = list(_softmax_cases())
+    for number, (name, logits, temperature, hint) in enumerate(cases, start=1):
+        label = f"Case {number} of {len(cases)} ({name})"
+        original = logits.clone()
+        got = call(fn, label, logits, temperature)
+        expected = softmax(original, temperature)
+        where = f"With logits {show(original)} and temperature {temperature}"
+        if not torch.equal(logits, original):
+            raise CheckFailed(f"{label}: your function changed the logits it was given (work on a copy).")
+        if not isinstance(got, torch.Tensor):
+            raise CheckFailed(f"{label}: {where}, your function returned a {type(got).__name__}, not a tensor.")
+        if got.shape != expected.shape:
+            raise CheckFailed(
+                f"{label}: {where}, your function returned shape {tuple(got.shape)}, "
+                f"expected {tuple(expected.shape)}. {hint}"
+            )
+        if not torch.allclose(got.double(), expected.double(), atol=1e-5, rtol=1e-4):
+            raise CheckFailed(
+                f"{label}: {where}, your function returned {show(got)}, "
+                f"the right answer is {show(expected)}. {hint}"
+            )
+    print(f"check_softmax: all {len(cases)} cases passed.")
+
+
+def check_gumbel_max(fn, samples: int = 40_000) -> None:
+    """Check ``fn(logits, generator)`` samples like ``softmax(logits)`` (chapter 1).
+
+    Deterministic checks first (shape, dtype, same seed gives same tokens, impossible tokens
+    never drawn), then a chi-square test of the frequencies against the exact probabilities.
+    The test rejects a correct sampler with probability 1e-4 (its false-positive rate); the seed
+    is fixed, so a correct function passes every time.
+    """
+    from scipy.stats import chisquare
+
+    logits = torch.tensor([1.5, 1.0, 0.0, -0.5, float("-inf"), -2.0])
+    batch = torch.stack([logits, logits.flip(0)])
+    label = "Case 1 of 4 (shape and dtype)"
+    got = call(fn, label, batch, torch.Generator().manual_seed(0))
+    if not isinstance(got, torch.Tensor) or got.shape != (2,) or got.dtype != torch.long:
+        shown = f"shape {tuple(got.shape)}, dtype {got.dtype}" if isinstance(got, torch.Tensor) else type(got).__name__
+        raise CheckFailed(f"{label}: for logits of shape [2, 6] return token ids of shape [2] and dtype long; got {shown}.")
+
+    label = "Case 2 of 4 (reproducibility)"
+    a = call(fn, label, batch.repeat(50, 1), torch.Generator().manual_seed(1))
+    b = call(fn, label, batch.repeat(50, 1), torch.Generator().manual_seed(1))
+    if not torch.equal(a, b):
+        raise CheckFailed(f"{label}: the same seed gave different tokens. Draw all noise from the generator you are given.")
+
+    label = "Case 3 of 4 (impossible tokens)"
+    rows = batch.repeat(samples // 2, 1)
+    tokens = call(fn, label, rows, torch.Generator().manual_seed(2)).reshape(-1, 2)
+    if (tokens[:, 0] == 4).any() or (tokens[:, 1] == 1).any():
+        raise CheckFailed(f"{label}: a token whose logit is -inf was drawn; it must have probability 0.")
+
+    label = "Case 4 of 4 (the distribution)"
+    for column, row in enumerate(batch):
+        probs = softmax(row.double())
+        counts = torch.bincount(tokens[:, column], minlength=6).double()
+        possible = probs > 0
+        expected = probs[possible] / probs[possible].sum() * counts.sum()
+        pvalue = chisquare(counts[possible].numpy(), expected.numpy()).pvalue
+        if pvalue < 1e-4:
+            freq = (counts / counts.sum()).tolist()
+            raise CheckFailed(
+                f"{label}: for logits {show(row)} the frequencies of your samples "
+                f"{[round(f, 3) for f in freq]} differ from the probabilities "
+                f"{[round(p, 3) for p in probs.tolist()]} (chi-square p-value {pvalue:.1e}). "
+                "Gumbel noise is -log(-log(U)) with U uniform on (0, 1), added to the logits."
+            )
+    print("check_gumbel_max: all 4 cases passed.")

@@ -1,0 +1,97 @@
+"""The checks of chapter 3 (repetition, stopping and the decoding loop): the frequency penalty and
+where a stop string starts."""
+
+from __future__ import annotations
+
+import torch
+
+from .common import CheckFailed, call, show
+
+
+def check_frequency_penalty(fn) -> None:
+    """Check ``fn(logits, prev_tokens, penalty)`` against
+    :func:`logitlab.penalties.frequency_penalty` (chapter 3)."""
+    from ..penalties import frequency_penalty
+
+    gen = torch.Generator().manual_seed(0)
+    inf = float("-inf")
+    row = torch.tensor([[1.0, 2.0, -1.0, 0.5]])
+    count_hint = "Subtract penalty * count, where count is how often the token occurs in prev_tokens."
+    cases = [
+        ("each earlier token once", row, torch.tensor([[0, 2]]), 0.5, count_hint),
+        ("a token seen three times", row, torch.tensor([[1, 3, 1, 1]]), 0.5, (
+            "The frequency penalty grows with the count: a token seen 3 times loses 3 * penalty "
+            "(subtracting once per distinct token is the presence penalty)."
+        )),
+        ("padding (-1) in prev_tokens", row, torch.tensor([[-1, -1, 2, 2]]), 1.0, (
+            "Negative entries are padding and must not be counted (as an index, -1 is the last token)."
+        )),
+        ("an empty history", row, torch.empty(1, 0, dtype=torch.long), 0.7, (
+            "With no earlier token nothing changes; prev_tokens has shape [batch, 0]."
+        )),
+        ("a batch: each row counts its own history", torch.zeros(2, 4), torch.tensor([[0, 0, 1], [3, -1, 3]]), 1.0, (
+            "Row i is penalised by the tokens of prev_tokens[i] only."
+        )),
+        ("a negative penalty", row, torch.tensor([[1, 1, 2]]), -0.5, (
+            "A negative penalty raises the logits of earlier tokens: still logits - penalty * count."
+        )),
+        ("-inf logits", torch.tensor([[inf, 1.0, inf, 0.0]]), torch.tensor([[0, 0, 1, 2]]), 0.5, (
+            "A removed token (logit -inf) stays removed."
+        )),
+        ("a random batch with padding", 3 * torch.randn(4, 50, generator=gen),
+         torch.randint(-1, 50, (4, 30), generator=gen), 0.3, count_hint),
+    ]
+    for number, (name, logits, prev_tokens, penalty, hint) in enumerate(cases, start=1):
+        label = f"Case {number} of {len(cases)} ({name})"
+        original, original_prev = logits.clone(), prev_tokens.clone()
+        got = call(fn, label, logits, prev_tokens, penalty)
+        expected = frequency_penalty(original, original_prev, penalty)
+        where = f"With logits {show(original)}, prev_tokens {show(original_prev)} and penalty {penalty}"
+        if not torch.equal(logits, original) or not torch.equal(prev_tokens, original_prev):
+            raise CheckFailed(f"{label}: your function changed its inputs (work on a copy).")
+        if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
+            shown = f"shape {tuple(got.shape)}" if isinstance(got, torch.Tensor) else f"a {type(got).__name__}"
+            raise CheckFailed(f"{label}: {where}, expected a tensor of shape {tuple(expected.shape)}, got {shown}.")
+        same = (got == expected) | (got - expected).abs().le(1e-5)  # -inf == -inf counts as the same
+        if not bool(same.all()):
+            r, i = (~same).nonzero()[0].tolist()
+            raise CheckFailed(
+                f"{label}: {where}, your function returned {show(got)}, the right answer is "
+                f"{show(expected)} (first difference: row {r}, token {i}: {got[r, i].item():.4f} "
+                f"instead of {expected[r, i].item():.4f}). {hint}"
+            )
+    print(f"check_frequency_penalty: all {len(cases)} cases passed.")
+
+
+def check_stop_position(fn) -> None:
+    """Check ``fn(pieces, stops)`` against :func:`logitlab.generate.find_stop` applied to
+    ``"".join(pieces)`` (chapter 3)."""
+    from ..generate import find_stop
+
+    spans = "The stop string is split over several tokens: search the joined text, not each piece."
+    cases = [
+        ("a stop inside one piece", ["Hello", " world", ".\n\n", "Next"], ["\n\n"], ""),
+        ("a stop spanning two pieces", [" Paris", ".", "\n", "\n", "The"], ["\n\n"], spans),
+        ("a stop spanning three pieces", [" Berlin", ".", "\n", "Question", ":", " What"], ["\nQuestion:"], spans),
+        ("a stop starting in the middle of a piece", [" Paris", ".", "\n"], ["ris."], (
+            "A stop string can start anywhere, also inside a piece; return a character index."
+        )),
+        ("two stops, the later-listed one starts earlier", ["one", " two", " three"], [" three", " two"], (
+            "Return where the earliest stop string starts, whichever stop it is, not the first stop of the list."
+        )),
+        ("a stop that occurs twice", ["a", "X", "b", "X"], ["X"], "Return the first occurrence."),
+        ("an empty piece", ["Hi", "", "\n", "", "\n", "there"], ["\n\n"], "Some tokens decode to no text."),
+        ("no stop", ["The", " end", "."], ["\n\n", "###"], "Return -1 when no stop string occurs."),
+        ("a stop at the very start", ["\n", "\n", "Next"], ["\n\n"], "0 is a position like any other."),
+        ("no pieces yet", [], ["\n\n"], "Return -1 when no stop string occurs."),
+    ]
+    for number, (name, pieces, stops, hint) in enumerate(cases, start=1):
+        label = f"Case {number} of {len(cases)} ({name})"
+        got = call(fn, label, list(pieces), list(stops))
+        expected = find_stop("".join(pieces), stops)
+        where = f"With pieces {pieces!r} and stops {stops!r}"
+        if isinstance(got, bool) or not isinstance(got, int):
+            raise CheckFailed(f"{label}: {where}, your function returned {got!r}, not an int. {hint}")
+        if got != expected:
+            raise CheckFailed(f"{label}: {where}, your function returned {got}, the right answer is {expected}. {hint}")
+    print(f"check_stop_position: all {len(cases)} cases passed.")

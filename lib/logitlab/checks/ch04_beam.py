@@ -1,0 +1,75 @@
+"""The checks of chapter 4 (beam search): one beam step and following the parents back."""
+
+from __future__ import annotations
+
+import torch
+
+from .common import CheckFailed, call, show
+
+
+def _beam_step_reference(logprobs, beam_scores, num_beams):
+    totals = (beam_scores[:, None] + logprobs).flatten()
+    scores, index = totals.topk(num_beams)
+    vocab = logprobs.shape[-1]
+    return scores, index // vocab, index % vocab
+
+
+def _beam_step_cases():
+    gen = torch.Generator().manual_seed(4)
+    logp = lambda *shape: torch.log_softmax(2 * torch.randn(*shape, generator=gen), dim=-1)  # noqa: E731
+    yield "the first step: one beam, two to keep", logp(1, 6), torch.zeros(1), 2, ""
+    yield "three beams, three to keep", logp(3, 8), torch.tensor([-0.5, -1.2, -2.0]), 3, (
+        "Add each beam's score to its row of log-probabilities before comparing across beams.")
+    yield "a beam so far behind that none of its extensions survive", logp(2, 5), torch.tensor([-0.1, -50.0]), 2, ""
+    yield "one beam whose two extensions are both kept", torch.log(torch.tensor([[0.6, 0.3, 0.1], [0.4, 0.35, 0.25]])), \
+        torch.tensor([0.0, -1.0]), 2, "The best extensions may all come from the same beam."
+    yield "more beams to keep than beams in", logp(2, 7), torch.tensor([-1.0, -1.5]), 5, ""
+    yield "a large vocabulary", logp(4, 1000), -torch.rand(4, generator=gen) * 3, 4, ""
+
+
+def check_beam_step(fn) -> None:
+    """Check ``fn(logprobs, beam_scores, num_beams) -> (scores, parents, tokens)`` (chapter 4)."""
+    cases = list(_beam_step_cases())
+    for number, (name, logprobs, beam_scores, num_beams, hint) in enumerate(cases, start=1):
+        label = f"Case {number} of {len(cases)} ({name})"
+        got = call(fn, label, logprobs.clone(), beam_scores.clone(), num_beams)
+        expected = _beam_step_reference(logprobs, beam_scores, num_beams)
+        where = f"With beam_scores {show(beam_scores)}, logprobs of shape {tuple(logprobs.shape)} and num_beams={num_beams}"
+        if not isinstance(got, tuple) or len(got) != 3 or not all(isinstance(t, torch.Tensor) for t in got):
+            raise CheckFailed(f"{label}: return a tuple of three tensors (scores, parents, tokens).")
+        for what, g, e in zip(("scores", "parents", "tokens"), got, expected):
+            if g.shape != e.shape:
+                raise CheckFailed(f"{label}: {where}, {what} has shape {tuple(g.shape)}, expected {tuple(e.shape)}.")
+        scores, parents, tokens = got
+        if not torch.allclose(scores.double(), expected[0].double(), atol=1e-5) or not torch.equal(
+                parents.long(), expected[1]) or not torch.equal(tokens.long(), expected[2]):
+            raise CheckFailed(
+                f"{label}: {where}, expected scores {show(expected[0])}, parents {show(expected[1])}, tokens "
+                f"{show(expected[2])} (best first), got scores {show(scores)}, parents {show(parents)}, tokens "
+                f"{show(tokens)}. {hint}".strip())
+    print(f"check_beam_step: all {len(cases)} cases passed.")
+
+
+def check_backtrack(fn) -> None:
+    """Check ``fn(parents, tokens, beam)`` against the beams that ``ll.beam_search`` records (chapter 4)."""
+    from ..beam import beam_search
+    from ..toy import toy_model
+
+    cases = []
+    for seed, (beams, steps) in enumerate([(1, 3), (2, 4), (3, 6), (4, 8)]):
+        model = toy_model(vocab_size=5, order=2, seed=seed)
+        history = beam_search(model, [[0]], num_beams=beams, max_new_tokens=steps, eos_token_id=[]).history
+        parents = [h.parents[0] for h in history]
+        tokens = [h.beams[0, :, -1] for h in history]
+        for beam in range(beams):
+            cases.append((f"{beams} beams after {steps} steps, beam {beam}", parents, tokens, beam,
+                          history[-1].beams[0, beam].tolist()))
+    for number, (name, parents, tokens, beam, expected) in enumerate(cases, start=1):
+        label = f"Case {number} of {len(cases)} ({name})"
+        got = call(fn, label, [p.clone() for p in parents], [t.clone() for t in tokens], beam)
+        got = got.tolist() if isinstance(got, torch.Tensor) else got
+        if got != expected:
+            raise CheckFailed(
+                f"{label}: expected the tokens {expected}, got {got}. Start from the last step and follow "
+                f"parents backwards: the token of step t belongs to the beam that parents[t + 1] points to.")
+    print(f"check_backtrack: all {len(cases)} cases passed.")

@@ -1,0 +1,96 @@
+"""The checks of chapter 6 (speculative sampling): the verification step and the expected tokens per
+target call."""
+
+from __future__ import annotations
+
+import torch
+
+from .common import CheckFailed, call, show
+
+
+def check_verify(fn, trials: int = 20_000) -> None:
+    """Check ``fn(draft_tokens, q, p, generator) -> (num_accepted, next_token)`` for one sequence
+    (chapter 6): hand cases first, then a statistical test of the tokens it outputs.
+
+    ``draft_tokens`` is ``[g]``, ``q`` ``[g, V]``, ``p`` ``[g + 1, V]``. The statistical part draws
+    drafts from ``q``, calls ``fn`` ``trials`` times, and checks with chi-square tests (each
+    failing by chance with probability 1e-4) that the first output token follows ``p[0]`` and,
+    when the first draft was accepted, the second follows ``p[1]``.
+    """
+    from scipy.stats import chisquare
+
+    def as_ints(got, label):
+        if not isinstance(got, tuple) or len(got) != 2:
+            raise CheckFailed(f"{label}: return a tuple (num_accepted, next_token).")
+        return int(got[0]), int(got[1])
+
+    gen = torch.Generator().manual_seed(0)
+    hand = []
+    drafts = torch.tensor([1, 4, 5])
+    p = torch.zeros(4, 10)
+    p[0, 1] = p[1, 4] = p[2, 8] = p[3, 0] = 1.0
+    hand.append(("the target agrees twice, then wants token 8", drafts, torch.eye(10)[drafts], p, (2, 8),
+                 "Accept while p/q allows it; at the first rejection draw from max(0, p - q), normalised."))
+    p = torch.zeros(3, 6)
+    p[0, 2] = p[1, 3] = p[2, 5] = 1.0
+    hand.append(("every draft is what the target wants: the bonus token comes from the last row of p",
+                 torch.tensor([2, 3]), torch.eye(6)[[2, 3]], p, (2, 5),
+                 "After accepting all g drafts, draw the next token from p[g]."))
+    p = torch.zeros(3, 6)
+    p[0, 1] = 1.0
+    p[1:, 0] = 1.0
+    hand.append(("the first draft has target probability 0", torch.tensor([2, 0]), torch.eye(6)[[2, 0]], p, (0, 1),
+                 "A draft the target gives probability 0 is always rejected, even if later ones would match."))
+    for number, (name, d, q, p, expected, hint) in enumerate(hand, start=1):
+        label = f"Hand case {number} of {len(hand)} ({name})"
+        got = as_ints(call(fn, label, d.clone(), q.clone(), p.clone(), gen), label)
+        if got != expected:
+            raise CheckFailed(f"{label}: expected (num_accepted, next_token) = {expected}, got {got}. {hint}")
+
+    vocab = 4
+    p = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25]])
+    q = torch.tensor([[0.2, 0.5, 0.05, 0.25], [0.4, 0.3, 0.2, 0.1]])
+    first, second = torch.zeros(vocab), torch.zeros(vocab)
+    label = "The statistical test"
+    for _ in range(trials):
+        d = torch.stack([torch.multinomial(q[i], 1, generator=gen)[0] for i in range(2)])
+        num, nxt = as_ints(call(fn, label, d, q, p, gen), label)
+        if not 0 <= num <= 2:
+            raise CheckFailed(f"{label}: num_accepted must be between 0 and g = 2, got {num}.")
+        out = d[:num].tolist() + [nxt]
+        first[out[0]] += 1
+        if num >= 1:
+            second[out[1]] += 1
+    for what, counts, target, hint in [
+        ("the first output token", first, p[0], "Check the acceptance test u < p(d) / q(d) and the residual "
+         "max(0, p - q) at the first rejection."),
+        ("the second output token, after an accepted first draft", second, p[1], "After an accepted draft, the "
+         "next position uses the next rows of p and q."),
+    ]:
+        expected = counts.sum() * target.double() / target.double().sum()
+        pvalue = chisquare(counts.double(), expected).pvalue
+        if pvalue < 1e-4:
+            raise CheckFailed(
+                f"{label}: over {int(counts.sum())} draws, {what} came out with frequencies "
+                f"{show(counts / counts.sum())}, but it must follow the target's {show(target)} "
+                f"(chi-square p-value {pvalue:.1e}). {hint}")
+    print(f"check_verify: all {len(hand)} hand cases and the statistical test ({trials} calls) passed.")
+
+
+def check_expected_tokens(fn) -> None:
+    """Check ``fn(alpha, gamma) -> float``, the expected tokens per target call (chapter 6)."""
+    cases = [(0.0, 3, 1.0, "alpha = 0: every first draft is rejected, the call yields its one replacement token"),
+             (0.5, 1, 1.5, "gamma = 1: 1 + alpha"),
+             (0.6, 4, (1 - 0.6 ** 5) / 0.4, "the general case"),
+             (0.9, 10, (1 - 0.9 ** 11) / 0.1, "a long draft"),
+             (1.0, 4, 5.0, "alpha = 1: all gamma drafts and the bonus token (the closed form is 0/0 here)")]
+    for alpha, gamma, expected, name in cases:
+        label = f"expected_tokens({alpha}, {gamma}) ({name})"
+        got = call(fn, label, alpha, gamma)
+        try:
+            got = float(got)
+        except (TypeError, ValueError):
+            raise CheckFailed(f"{label}: return a number, got {type(got).__name__}.") from None
+        if not abs(got - expected) <= 1e-9 * max(1.0, expected):
+            raise CheckFailed(f"{label}: expected {expected:.6f}, got {got:.6f}.")
+    print(f"check_expected_tokens: all {len(cases)} cases passed.")

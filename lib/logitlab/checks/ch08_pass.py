@@ -1,0 +1,47 @@
+"""The checks of chapter 8 (parallel speculative sampling): the parents lists of the training layout
+and of the single-call layout."""
+
+from __future__ import annotations
+
+from .common import CheckFailed, as_list, call
+
+
+def check_training_layout(fn) -> None:
+    """Check ``fn(length, starts, k) -> parents`` (chapter 8) against
+    :func:`logitlab.lookahead.training_layout`: a sequence of ``length`` tokens as a chain, then
+    ``k`` look-ahead slots in a chain after each context end ``t`` in ``starts``."""
+    from ..lookahead import training_layout
+
+    cases = [("one token, one slot", 1, [0], 1), ("the chapter's drawing", 5, [1, 3], 2),
+             ("two groups after the same token", 4, [2, 2], 3), ("no groups", 3, [], 2)]
+    for name, length, starts, k in cases:
+        label = f"Case {name} (length={length}, starts={starts}, k={k})"
+        got = call(fn, label, length, list(starts), k)
+        want = training_layout(length, starts, k)
+        got = as_list(got)
+        if got != want:
+            raise CheckFailed(f"{label}: expected parents {want}, got {got}. The tokens come first, each the child "
+                              "of the one before; then each group: its first slot hangs from token t, each "
+                              "later slot from the slot before it.")
+    print(f"check_training_layout: all {len(cases)} cases passed.")
+
+
+def check_single_call_layout(fn) -> None:
+    """Check ``fn(num_drafts, groups) -> parents`` (chapter 8) against
+    :func:`logitlab.lookahead.single_call_layout`: the pending token, the drafts as a chain, then a
+    chain of ``groups[j]`` slots after each prefix length ``j`` (in increasing order of j)."""
+    from ..lookahead import single_call_layout
+
+    cases = [("no drafts, three slots", 0, {0: 3}), ("two drafts, slots after every prefix", 2, {0: 2, 1: 2, 2: 2}),
+             ("slots after the full prefix only", 3, {3: 2}), ("groups given out of order", 2, {2: 1, 0: 1}),
+             ("no slots at all", 2, {})]
+    for name, m, groups in cases:
+        label = f"Case {name} (num_drafts={m}, groups={groups})"
+        got = call(fn, label, m, dict(groups))
+        want = single_call_layout(m, groups)
+        got = as_list(got)
+        if got != want:
+            raise CheckFailed(f"{label}: expected parents {want}, got {got}. Node 0 is the pending token (parent -1), "
+                              "draft i is node i (parent i - 1); the group for prefix j starts at node j and "
+                              "groups come in increasing j.")
+    print(f"check_single_call_layout: all {len(cases)} cases passed.")
