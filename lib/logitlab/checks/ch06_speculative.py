@@ -8,23 +8,16 @@ import torch
 from .common import CheckFailed, call, show
 
 
-def check_verify(fn, trials: int = 20_000) -> None:
-    """Check ``fn(draft_tokens, q, p, generator) -> (num_accepted, next_token)`` for one sequence
-    (chapter 6): hand cases first, then a statistical test of the tokens it outputs.
+def _as_ints(got, label):
+    """A verification step's answer as (num_accepted, next_token)."""
+    if not isinstance(got, tuple) or len(got) != 2:
+        raise CheckFailed(f"{label}: return a tuple (num_accepted, next_token).")
+    return int(got[0]), int(got[1])
 
-    ``draft_tokens`` is ``[g]``, ``q`` ``[g, V]``, ``p`` ``[g + 1, V]``. The statistical part draws
-    drafts from ``q``, calls ``fn`` ``trials`` times, and checks with chi-square tests (each
-    failing by chance with probability 1e-4) that the first output token follows ``p[0]`` and,
-    when the first draft was accepted, the second follows ``p[1]``.
-    """
-    from scipy.stats import chisquare
 
-    def as_ints(got, label):
-        if not isinstance(got, tuple) or len(got) != 2:
-            raise CheckFailed(f"{label}: return a tuple (num_accepted, next_token).")
-        return int(got[0]), int(got[1])
-
-    gen = torch.Generator().manual_seed(0)
+def _verify_hand_cases():
+    """(name, draft_tokens, q, p, expected (num_accepted, next_token), hint): one-hot q and p, so the
+    answer does not depend on the random numbers."""
     hand = []
     drafts = torch.tensor([1, 4, 5])
     p = torch.zeros(4, 10)
@@ -41,26 +34,49 @@ def check_verify(fn, trials: int = 20_000) -> None:
     p[1:, 0] = 1.0
     hand.append(("the first draft has target probability 0", torch.tensor([2, 0]), torch.eye(6)[[2, 0]], p, (0, 1),
                  "A draft the target gives probability 0 is always rejected, even if later ones would match."))
-    for number, (name, d, q, p, expected, hint) in enumerate(hand, start=1):
-        label = f"Hand case {number} of {len(hand)} ({name})"
-        got = as_ints(call(fn, label, d.clone(), q.clone(), p.clone(), gen), label)
-        if got != expected:
-            raise CheckFailed(f"{label}: expected (num_accepted, next_token) = {expected}, got {got}. {hint}")
+    return hand
 
-    vocab = 4
-    p = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25]])
-    q = torch.tensor([[0.2, 0.5, 0.05, 0.25], [0.4, 0.3, 0.2, 0.1]])
+
+def _verify_counts(fn, q, p, gen, trials: int, label: str):
+    """Call ``fn`` ``trials`` times on drafts drawn from ``q`` (g = 2); count the first output token,
+    and the second when the first draft was accepted."""
+    vocab = p.shape[-1]
     first, second = torch.zeros(vocab), torch.zeros(vocab)
-    label = "The statistical test"
     for _ in range(trials):
         d = torch.stack([torch.multinomial(q[i], 1, generator=gen)[0] for i in range(2)])
-        num, nxt = as_ints(call(fn, label, d, q, p, gen), label)
+        num, nxt = _as_ints(call(fn, label, d, q, p, gen), label)
         if not 0 <= num <= 2:
             raise CheckFailed(f"{label}: num_accepted must be between 0 and g = 2, got {num}.")
         out = d[:num].tolist() + [nxt]
         first[out[0]] += 1
         if num >= 1:
             second[out[1]] += 1
+    return first, second
+
+
+def check_verify(fn, trials: int = 20_000) -> None:
+    """Check ``fn(draft_tokens, q, p, generator) -> (num_accepted, next_token)`` for one sequence
+    (chapter 6): hand cases first, then a statistical test of the tokens it outputs.
+
+    ``draft_tokens`` is ``[g]``, ``q`` ``[g, V]``, ``p`` ``[g + 1, V]``. The statistical part draws
+    drafts from ``q``, calls ``fn`` ``trials`` times, and checks with chi-square tests (each
+    failing by chance with probability 1e-4) that the first output token follows ``p[0]`` and,
+    when the first draft was accepted, the second follows ``p[1]``.
+    """
+    from scipy.stats import chisquare
+
+    gen = torch.Generator().manual_seed(0)
+    hand = _verify_hand_cases()
+    for number, (name, d, q, p, expected, hint) in enumerate(hand, start=1):
+        label = f"Hand case {number} of {len(hand)} ({name})"
+        got = _as_ints(call(fn, label, d.clone(), q.clone(), p.clone(), gen), label)
+        if got != expected:
+            raise CheckFailed(f"{label}: expected (num_accepted, next_token) = {expected}, got {got}. {hint}")
+
+    p = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25]])
+    q = torch.tensor([[0.2, 0.5, 0.05, 0.25], [0.4, 0.3, 0.2, 0.1]])
+    label = "The statistical test"
+    first, second = _verify_counts(fn, q, p, gen, trials, label)
     for what, counts, target, hint in [
         ("the first output token", first, p[0], "Check the acceptance test u < p(d) / q(d) and the residual "
          "max(0, p - q) at the first rejection."),
