@@ -9,7 +9,7 @@ from .common import CheckFailed, call, show
 
 
 def _softmax_cases():
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator(device="cpu").manual_seed(0)
     yield "a small row", torch.tensor([[1.0, 2.0, 3.0]]), 1.0, ""
     yield "a batch of random rows", torch.randn(4, 10, generator=gen), 1.0, "Work along the last dimension."
     yield "temperature 0.5", torch.tensor([[0.0, 1.0, 2.0]]), 0.5, "Divide the logits by T before the softmax."
@@ -52,6 +52,7 @@ def check_softmax(fn) -> None:
                 f"{label}: {where}, your function returned shape {tuple(got.shape)}, "
                 f"expected {tuple(expected.shape)}. {hint}"
             )
+        got = got.cpu()  # the cases are CPU tensors; a student's answer may be on another device
         if not torch.allclose(got.double(), expected.double(), atol=1e-5, rtol=1e-4):
             raise CheckFailed(
                 f"{label}: {where}, your function returned {show(got)}, "
@@ -73,20 +74,20 @@ def check_gumbel_max(fn, samples: int = 40_000) -> None:
     logits = torch.tensor([1.5, 1.0, 0.0, -0.5, float("-inf"), -2.0])
     batch = torch.stack([logits, logits.flip(0)])
     label = "Case 1 of 4 (shape and dtype)"
-    got = call(fn, label, batch, torch.Generator().manual_seed(0))
+    got = call(fn, label, batch, torch.Generator(device="cpu").manual_seed(0))
     if not isinstance(got, torch.Tensor) or got.shape != (2,) or got.dtype != torch.long:
         shown = f"shape {tuple(got.shape)}, dtype {got.dtype}" if isinstance(got, torch.Tensor) else type(got).__name__
         raise CheckFailed(f"{label}: for logits of shape [2, 6] return token ids of shape [2] and dtype long; got {shown}.")
 
     label = "Case 2 of 4 (reproducibility)"
-    a = call(fn, label, batch.repeat(50, 1), torch.Generator().manual_seed(1))
-    b = call(fn, label, batch.repeat(50, 1), torch.Generator().manual_seed(1))
+    a = call(fn, label, batch.repeat(50, 1), torch.Generator(device="cpu").manual_seed(1))
+    b = call(fn, label, batch.repeat(50, 1), torch.Generator(device="cpu").manual_seed(1))
     if not torch.equal(a, b):
         raise CheckFailed(f"{label}: the same seed gave different tokens. Draw all noise from the generator you are given.")
 
     label = "Case 3 of 4 (impossible tokens)"
     rows = batch.repeat(samples // 2, 1)
-    tokens = call(fn, label, rows, torch.Generator().manual_seed(2)).reshape(-1, 2)
+    tokens = call(fn, label, rows, torch.Generator(device="cpu").manual_seed(2)).reshape(-1, 2).cpu()
     if (tokens[:, 0] == 4).any() or (tokens[:, 1] == 1).any():
         raise CheckFailed(f"{label}: a token whose logit is -inf was drawn; it must have probability 0.")
 

@@ -20,6 +20,7 @@ def _check_truncation(fn, reference, cases, name: str) -> None:
         if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
             shown = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
             raise CheckFailed(f"{case}: {where}, expected a tensor of shape {tuple(expected.shape)}, got {shown}.")
+        got = got.cpu()  # the cases are CPU tensors; a student's answer may be on another device
         kept, should_keep = ~got.isneginf(), ~expected.isneginf()
         if not torch.equal(kept, should_keep):
             raise CheckFailed(
@@ -41,7 +42,7 @@ def check_top_k(fn) -> None:
     """Check ``fn(logits, k)`` against :func:`logitlab.processors.top_k` (chapter 2)."""
     from ..processors import top_k
 
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator(device="cpu").manual_seed(0)
     inf = float("-inf")
     cases = [
         ("a small row", torch.tensor([[1.0, 3.0, 2.0, 0.0]]), 2, "Keep the k largest logits, set the rest to -inf."),
@@ -64,7 +65,7 @@ def check_top_p(fn) -> None:
 
     from ..processors import top_p
 
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator(device="cpu").manual_seed(0)
     log = math.log
     # probabilities 1/2, 1/4, 3/16, 1/16: sums of these are exact in floating point
     dyadic = torch.tensor([[log(0.5), log(0.25), log(0.1875), log(0.0625)]])

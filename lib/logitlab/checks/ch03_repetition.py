@@ -13,7 +13,7 @@ def check_frequency_penalty(fn) -> None:
     :func:`logitlab.penalties.frequency_penalty` (chapter 3)."""
     from ..penalties import frequency_penalty
 
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator(device="cpu").manual_seed(0)
     inf = float("-inf")
     row = torch.tensor([[1.0, 2.0, -1.0, 0.5]])
     count_hint = "Subtract penalty * count, where count is how often the token occurs in prev_tokens."
@@ -52,6 +52,7 @@ def check_frequency_penalty(fn) -> None:
         if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
             shown = f"shape {tuple(got.shape)}" if isinstance(got, torch.Tensor) else f"a {type(got).__name__}"
             raise CheckFailed(f"{label}: {where}, expected a tensor of shape {tuple(expected.shape)}, got {shown}.")
+        got = got.cpu()  # the cases are CPU tensors; a student's answer may be on another device
         same = (got == expected) | (got - expected).abs().le(1e-5)  # -inf == -inf counts as the same
         if not bool(same.all()):
             r, i = (~same).nonzero()[0].tolist()

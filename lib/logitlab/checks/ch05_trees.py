@@ -30,7 +30,7 @@ def _tree_cases():
         parents += [p for p in level for _ in range(k)]
         level = list(range(first, len(parents)))
     yield "the (4, 4, 2) tree", parents, ancestors_only
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator(device="cpu").manual_seed(0)
     for n in (7, 12, 30):
         parents = [int(torch.randint(-1, i, (1,), generator=gen)) for i in range(n)]
         yield f"a random tree of {n} nodes", parents, ancestors_only
@@ -60,7 +60,7 @@ def check_tree_mask(fn) -> None:
             raise CheckFailed(f"{label}: {where}, expected a tensor of shape ({n}, {n}), got {shown}.")
         if got.dtype != torch.bool and not bool(((got == 0) | (got == 1)).all()):
             raise CheckFailed(f"{label}: {where}, return True/False (or 1/0) entries, not other values.")
-        got = got.bool()
+        got = got.bool().cpu()  # a student's answer may be on another device
         if not torch.equal(got, expected):
             i, j = (got != expected).nonzero()[0].tolist()
             path = ancestors(parents, i)  # the root-to-node path, node included
@@ -68,7 +68,7 @@ def check_tree_mask(fn) -> None:
                 why = f"node {j} is node {i} itself" if i == j else f"node {j} is an ancestor of node {i}"
             else:
                 why = f"node {j} is not node {i} nor one of its ancestors"
-            causal = torch.ones(n, n, dtype=torch.bool).tril()
+            causal = torch.ones(n, n, dtype=torch.bool, device=got.device).tril()
             if torch.equal(got, causal):
                 hint = ("This is a plain causal mask: it lets each node see every earlier node, siblings and "
                         "cousins too. " + hint)
@@ -88,7 +88,7 @@ def check_tree_positions(fn) -> None:
         label = f"Case {number} of {len(cases)} ({name}, offset {offset})"
         got = call(fn, label, list(parents), offset)
         expected = tree_position_ids(parents, offset)
-        if not isinstance(got, torch.Tensor) or got.shape != expected.shape or not torch.equal(got.long(), expected):
+        if not isinstance(got, torch.Tensor) or got.shape != expected.shape or not torch.equal(got.long().cpu(), expected):
             shown = show(got) if isinstance(got, torch.Tensor) else repr(got)
             raise CheckFailed(
                 f"{label}: with parents {parents} after a prompt of {offset} tokens, expected the positions "

@@ -17,8 +17,10 @@ def check_match_probability(fn) -> None:
     for name, p, expected in cases:
         label = f"Case {name}"
         got = call(fn, label, p.clone())
+        if isinstance(got, torch.Tensor):
+            got = got.cpu()  # a student's answer may be on another device
         got = torch.as_tensor(got, dtype=torch.float64)
-        want = torch.tensor(expected, dtype=torch.float64)
+        want = torch.tensor(expected, dtype=torch.float64, device=got.device)
         if got.shape != want.shape:
             raise CheckFailed(f"{label}: expected shape {tuple(want.shape)} (one number per row of p), "
                               f"got {tuple(got.shape)}.")
@@ -48,7 +50,7 @@ def check_typical_accept(fn) -> None:
              ("zero entries in p: 0.28 against a bar of 0.276", [1], [[0.72, 0.28, 0.0, 0.0]], 0.3, 0.5,
               "Entropy: 0 * log 0 counts as 0 (torch.xlogy does that); a NaN entropy breaks the bar."),
              ]
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator(device="cpu").manual_seed(0)
     for i in range(12):  # random cases of every length
         g, vocab = 1 + i % 4, 3 + i % 5
         p = torch.softmax(3 * torch.randn(g, vocab, generator=gen), dim=-1)

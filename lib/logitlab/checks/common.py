@@ -14,6 +14,7 @@ def show(t: torch.Tensor) -> str:
     """Small tensors written out (4 decimals), large ones by their shape."""
     if t.numel() > 12:
         return f"a tensor of shape {tuple(t.shape)}"
+    t = t.cpu()  # a student's answer may be on another device; float64 is for CPU tensors
     return str(torch.round(t.double(), decimals=4).tolist()) if t.is_floating_point() else str(t.tolist())
 
 
