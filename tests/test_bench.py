@@ -2,7 +2,7 @@
 
 import json
 
-from logitlab import bench
+from logitlab import bench, timing
 
 
 def test_bench_prints_a_table_and_writes_json(capsys, tmp_path):
@@ -38,8 +38,8 @@ def test_forward_seconds_times_decode_and_verification_passes_on_the_toy_model()
     import logitlab as ll
 
     model = ll.toy_model(vocab_size=5)
-    assert bench.forward_seconds(model, [1, 2, 3], 1, repeat=3) > 0
-    assert bench.forward_seconds(model, [1, 2, 3], 4, repeat=3) > 0
+    assert timing.forward_seconds(model, [1, 2, 3], 1, repeat=3) > 0
+    assert timing.forward_seconds(model, [1, 2, 3], 4, repeat=3) > 0
 
 
 def test_typical_rows_run_on_a_small_setting():
@@ -76,7 +76,7 @@ def test_pass_costs_are_in_decode_steps_and_cover_every_size():
     import logitlab as ll
 
     model = ll.toy_model(vocab_size=5)
-    costs = bench.pass_costs(model, [1, 2, 3], [1, 4, 2], rounds=3)
+    costs = timing.pass_costs(model, [1, 2, 3], [1, 4, 2], rounds=3)
     assert list(costs) == [1, 4, 2]
     assert costs[1] == 1.0  # the decode step is the unit
     assert all(c > 0 for c in costs.values())

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import logitlab as ll
-from logitlab.train_draft import SubsetHead, build_draft, choose_vocabulary, load_draft, save_draft
+from logitlab.drafters import SubsetHead, build_draft, load_draft
+from logitlab.train_draft import choose_vocabulary, save_draft
 
 
 def tiny_target(seed=0, vocab=12):

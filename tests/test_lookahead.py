@@ -89,7 +89,7 @@ def test_both_variants_are_greedy_at_temperature_zero_on_a_tiny_llama(k):
         for prefixes in ("all", "likely"):
             one = pass_generate(target, la, [prompt], max_new_tokens=30, prefixes=prefixes, eos_token_id=[])
             assert one.new_tokens[0].tolist() == greedy
-            assert one.target_calls < 30  # some drafts were kept
+            assert one.model_calls < 30  # some drafts were kept
 
 
 def test_two_call_batches_rows_of_different_lengths():
@@ -167,13 +167,13 @@ def test_the_single_call_exactness_test_detects_a_wrong_q(monkeypatch):
     # and the same test must see it.
     target = tiny_llama(2, seed=0, vocab=4)
     la = random_lookahead(target, 2, seed=1)
-    draw = lookahead_module._draw
+    draw = lookahead_module.draw
 
     def wrong_q(logits, config, generator):
         tokens, _ = draw(logits, config, generator)
         return tokens, torch.softmax(logits.float() * 0.5, dim=-1)
 
-    monkeypatch.setattr(lookahead_module, "_draw", wrong_q)
+    monkeypatch.setattr(lookahead_module, "draw", wrong_q)
     samples, _ = single_call_samples(target, la, "all", 6000)
     probs = exact_llama_probs(target, [1, 2], 5, SamplingConfig(temperature=1.0))
     assert pooled_pvalue(samples, probs) < P_MIN
@@ -302,7 +302,7 @@ def test_shipped_embeddings_are_tiny_and_both_variants_are_greedy_on_smollm2(smo
     for prefixes in ("all", "likely"):
         one = pass_generate(model, la, prompt, max_new_tokens=40, prefixes=prefixes, eos_token_id=[])
         assert one.new_tokens[0].tolist() == greedy
-        assert one.target_calls < 40  # plain decoding needs 40 passes (the prefill included)
+        assert one.model_calls < 40  # plain decoding needs 40 passes (the prefill included)
 
 
 def test_the_shipped_first_slot_beats_untrained_embeddings_on_greedy_answers(smollm):

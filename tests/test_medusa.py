@@ -136,8 +136,8 @@ def smollm():
 class RecordingDrafter(MedusaDrafter):
     """Keeps the hidden state it was given at each proposal."""
 
-    def start(self, input_ids, attention_mask):
-        super().start(input_ids, attention_mask)
+    def start(self, input_ids, attention_mask, target=None, cache=None):
+        super().start(input_ids, attention_mask, target, cache)
         self.seen = []
 
     def propose(self, next_tokens, gamma, config, generator=None):

@@ -14,7 +14,7 @@ import torch
 from scipy.stats import binomtest, chisquare
 
 import logitlab as ll
-from logitlab.drafters import PromptLookupDrafter
+from logitlab.drafters import DraftModelDrafter, PromptLookupDrafter
 from logitlab.sampling import SamplingConfig, process_logits
 from logitlab.speculative import (
     GreedyMatching,
@@ -166,7 +166,7 @@ def chi_square_pvalue(samples, probs):
 @pytest.mark.parametrize("gamma", [1, 3])
 def test_speculative_sampling_is_exact_on_the_toy_model(settings, gamma):
     target = ll.toy_model(vocab_size=5, order=2, seed=0)
-    drafter = ll.toy_model(vocab_size=5, order=3, seed=9)  # a different model, and a different order
+    drafter = DraftModelDrafter(ll.toy_model(vocab_size=5, order=3, seed=9))  # another model, another order
     config = SamplingConfig(**settings)
     rows = 30_000
     out = speculative_generate(target, drafter, [[1, 2]], gamma=gamma, max_new_tokens=3, eos_token_id=[4],
@@ -181,7 +181,7 @@ def test_speculative_sampling_is_exact_on_the_toy_model(settings, gamma):
 
 def test_batched_prompts_of_different_lengths_are_each_exact():
     target = ll.toy_model(vocab_size=4, order=3, seed=1)
-    drafter = ll.toy_model(vocab_size=4, order=2, seed=2)
+    drafter = DraftModelDrafter(ll.toy_model(vocab_size=4, order=2, seed=2))
     prompts = [[1], [2, 3, 0]]
     rows = 20_000
     out = speculative_generate(target, drafter, prompts, gamma=2, max_new_tokens=3, eos_token_id=[],
@@ -212,7 +212,7 @@ def test_the_exactness_test_detects_a_loop_that_keeps_rejected_drafts():
             return torch.full((drafts.shape[0],), drafts.shape[1]), last
 
     target = ll.toy_model(vocab_size=5, order=2, seed=0)
-    drafter = ll.toy_model(vocab_size=5, order=3, seed=9)
+    drafter = DraftModelDrafter(ll.toy_model(vocab_size=5, order=3, seed=9))
     out = speculative_generate(target, drafter, [[1, 2]], gamma=2, max_new_tokens=3, eos_token_id=[4],
                                num_return_sequences=30_000, acceptance=AcceptAll(),
                                generator=torch.Generator().manual_seed(1))
@@ -246,17 +246,17 @@ PROMPTS = ["The capital of France is", "def add(a, b):\n    return", "Once upon 
 def test_greedy_speculative_decoding_gives_the_greedy_tokens(smollm, early_exit, which):
     model, tokenizer = smollm
     if which == "shipped draft":
-        drafter = ll.drafters.load_pretrained(model)
+        drafter = DraftModelDrafter(ll.drafters.load_pretrained(model))
     else:
-        drafter = {"early exit": early_exit, "prompt lookup": PromptLookupDrafter(model.config.vocab_size),
-                   "itself": model}[which]
+        drafter = {"early exit": DraftModelDrafter(early_exit), "prompt lookup": PromptLookupDrafter(model.config.vocab_size),
+                   "itself": DraftModelDrafter(model)}[which]
     ref = ll.generate(model, PROMPTS, tokenizer=tokenizer, max_new_tokens=24, temperature=0, eos_token_id=[])
     out = speculative_generate(model, drafter, PROMPTS, tokenizer=tokenizer, gamma=4, max_new_tokens=24,
                                temperature=0, eos_token_id=[])
     for a, b in zip(ref.new_tokens, out.new_tokens):
         assert a.tolist() == b.tolist()
     if which == "itself":
-        assert out.alpha == 1.0 and out.target_calls == 1 + 23 // 5 + (23 % 5 > 0)
+        assert out.alpha == 1.0 and out.model_calls == 1 + 23 // 5 + (23 % 5 > 0)
     else:
         assert out.alpha < 1.0  # rejections happened, so the rollback was exercised
 
@@ -266,7 +266,7 @@ def test_greedy_matching_rule_and_eos_inside_a_draft(smollm, early_exit):
     chat = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2 + 2?"}], add_generation_prompt=True)
     ids = list(chat["input_ids"] if hasattr(chat, "keys") else chat)
     ref = ll.generate(model, [ids], max_new_tokens=40, temperature=0)
-    out = speculative_generate(model, model, [ids], gamma=6, max_new_tokens=40, temperature=0,
+    out = speculative_generate(model, DraftModelDrafter(model), [ids], gamma=6, max_new_tokens=40, temperature=0,
                                acceptance=GreedyMatching())
     assert ref.finish_reasons == ["eos"] and out.finish_reasons == ["eos"]
     assert out.new_tokens[0].tolist() == ref.new_tokens[0].tolist()  # cut right after the EOS
@@ -274,11 +274,11 @@ def test_greedy_matching_rule_and_eos_inside_a_draft(smollm, early_exit):
 
 def test_sampled_speculative_decoding_runs_batched_on_smollm(smollm, early_exit):
     model, tokenizer = smollm
-    out = speculative_generate(model, early_exit, PROMPTS[:2], tokenizer=tokenizer, gamma=3, max_new_tokens=12,
+    out = speculative_generate(model, DraftModelDrafter(early_exit), PROMPTS[:2], tokenizer=tokenizer, gamma=3, max_new_tokens=12,
                                temperature=1.0, top_p=0.9, eos_token_id=[], num_return_sequences=2,
                                generator=torch.Generator().manual_seed(0))
     assert len(out.new_tokens) == 4 and all(len(t) == 12 for t in out.new_tokens)
-    assert out.target_calls <= 12 and out.alpha < 1
+    assert out.model_calls <= 12 and out.alpha < 1
     assert out.texts[0] != out.texts[1]  # two samples of the same prompt
 
 
@@ -291,12 +291,12 @@ def test_sampled_speculative_decoding_runs_batched_on_smollm(smollm, early_exit)
 def test_bad_arguments_raise(kwargs, match):
     kwargs = {"max_new_tokens": 3, **kwargs}
     with pytest.raises(ValueError, match=match):
-        speculative_generate(ll.toy_bigram(5), ll.toy_bigram(5, seed=1), [[1]], **kwargs)
+        speculative_generate(ll.toy_bigram(5), DraftModelDrafter(ll.toy_bigram(5, seed=1)), [[1]], **kwargs)
 
 
 def test_a_drafter_with_another_vocabulary_is_refused():
     with pytest.raises(ValueError, match="vocabulary"):
-        speculative_generate(ll.toy_bigram(5), ll.toy_bigram(6), [[1]], gamma=2, max_new_tokens=3)
+        speculative_generate(ll.toy_bigram(5), DraftModelDrafter(ll.toy_bigram(6)), [[1]], gamma=2, max_new_tokens=3)
     with pytest.raises(ValueError, match="drafter"):
         speculative_generate(ll.toy_bigram(5), "a model", [[1]], gamma=2, max_new_tokens=3)
 
@@ -334,8 +334,8 @@ def exact_llama_probs(model, prompt, length, config):
 def test_speculative_sampling_is_exact_with_tiny_llama_models(settings):
     target, drafter = tiny_llama(2, seed=0), tiny_llama(1, seed=1)
     prompts, rows, length = [[1, 2], [3, 4, 5]], 20_000, 3
-    out = speculative_generate(target, drafter, prompts, gamma=2, max_new_tokens=length, eos_token_id=[],
-                               num_return_sequences=rows, generator=torch.Generator().manual_seed(0), **settings)
+    out = speculative_generate(target, DraftModelDrafter(drafter), prompts, gamma=2, max_new_tokens=length,
+                               eos_token_id=[], num_return_sequences=rows, generator=torch.Generator().manual_seed(0), **settings)
     assert 0.05 < out.alpha < 0.95  # the drafter differs: rejections, and with them rollbacks, happen
     for b, prompt in enumerate(prompts):
         samples = [t for t, i in zip(out.new_tokens, out.prompt_index) if i == b]
@@ -370,7 +370,7 @@ def test_after_each_rollback_the_target_computes_what_a_fresh_forward_would(smol
     model, tokenizer = smollm
     prompts = ["The capital of France is", "Once upon a time, a little robot who"]  # different lengths
     target = LogitsRecorder(model)
-    out = speculative_generate(target, early_exit, prompts, tokenizer=tokenizer, gamma=4, max_new_tokens=20,
+    out = speculative_generate(target, DraftModelDrafter(early_exit), prompts, tokenizer=tokenizer, gamma=4, max_new_tokens=20,
                                temperature=temperature, eos_token_id=[], generator=torch.Generator().manual_seed(1))
     assert out.alpha < 0.9 and len(target.calls) > 3
     checked = 0
@@ -392,12 +392,12 @@ def test_after_each_rollback_the_target_computes_what_a_fresh_forward_would(smol
 
 
 def test_run_statistics_count_the_passes_and_time_them():
-    target, drafter = ll.toy_model(vocab_size=5, seed=0), ll.toy_model(vocab_size=5, seed=1)
+    target, drafter = ll.toy_model(vocab_size=5, seed=0), DraftModelDrafter(ll.toy_model(vocab_size=5, seed=1))
     out = speculative_generate(target, drafter, [[1], [2, 3]], gamma=3, max_new_tokens=10, eos_token_id=[],
                                generator=torch.Generator().manual_seed(0))
     # One draft-model pass per proposed token, plus the prefill of the prompts.
     assert out.drafter_steps == 1 + sum(out.drafted)
-    assert out.target_calls == 1 + len(out.accepted) and len(out.accepted) == len(out.drafted)
+    assert out.model_calls == 1 + len(out.accepted) and len(out.accepted) == len(out.drafted)
     assert out.draft_step_seconds == pytest.approx(out.draft_seconds / sum(out.drafted))
     assert out.verify_call_seconds == pytest.approx(out.verify_seconds / len(out.accepted))
     assert 0 < out.draft_seconds + out.verify_seconds < out.seconds
@@ -410,7 +410,8 @@ def test_pooled_alpha_weighs_every_examined_draft_once():
     from logitlab.speculative import SpeculativeResult, pooled_alpha
 
     def run(accepted, drafted):
-        return SpeculativeResult([], [torch.zeros(1)], ["length"], None, [0], accepted=accepted, drafted=drafted)
+        return SpeculativeResult(sequences=[], new_tokens=[torch.zeros(1)], logprobs=[], raw_logprobs=[],
+                                 finish_reasons=["length"], prompt_index=[0], accepted=accepted, drafted=drafted)
 
     # Run 1: one call of 3 drafts, 1 accepted (2 examined: the accepted one and the rejected
     # one); run 2: two calls of 2 drafts, both accepted (2 examined), then the first rejected (1).
@@ -423,7 +424,7 @@ def test_acceptance_counts_by_position_on_a_hand_made_record():
     # Call 1: 3 drafts, rows kept 3 and 1; call 2: 2 drafts, one row kept 0.
     from logitlab.speculative import SpeculativeResult
 
-    r = SpeculativeResult(sequences=[], new_tokens=[], finish_reasons=[], texts=None, prompt_index=[],
+    r = SpeculativeResult(sequences=[], new_tokens=[], logprobs=[], raw_logprobs=[], finish_reasons=[], prompt_index=[],
                           accepted=[[3, 1], [0]], drafted=[3, 2])
     kept, reached = r.acceptance_counts()
     assert kept.tolist() == [2, 1, 1]  # position 1 kept by both rows of call 1; 2 and 3 by the first

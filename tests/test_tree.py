@@ -315,7 +315,7 @@ def test_sample_tree_bad_arguments_raise(kwargs, message):
 
 
 @pytest.mark.parametrize("prompt", [[], torch.tensor([[1, 2], [3, 4]]), torch.tensor([1, 2]), torch.tensor([[1.0]]),
-                                    [[1, 2]], "text"])
+                                    [[1, 2], [3]], [7], "text"])
 def test_bad_prompts_raise(prompt):
     model = ll.toy_bigram(vocab_size=6)
     for call in (lambda: sample_tree(model, prompt, branching=(2,)),

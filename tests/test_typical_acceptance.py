@@ -57,7 +57,8 @@ def test_typical_accept_matches_a_plain_loop_on_random_cases():
 
 @pytest.mark.parametrize("next_token", ["argmax", "sample"])
 def test_typical_acceptance_is_greedy_decoding_at_temperature_zero(next_token):
-    target, drafter = ll.toy_model(vocab_size=6, order=2, seed=0), ll.toy_model(vocab_size=6, order=2, seed=1)
+    target = ll.toy_model(vocab_size=6, order=2, seed=0)
+    drafter = ll.drafters.DraftModelDrafter(ll.toy_model(vocab_size=6, order=2, seed=1))
     prompts = [[1], [2, 3], [4, 0, 5]]
     ref = ll.generate(target, prompts, max_new_tokens=12, temperature=0, eos_token_id=[])
     out = speculative_generate(target, drafter, prompts, gamma=3, max_new_tokens=12, temperature=0, eos_token_id=[],
@@ -67,6 +68,8 @@ def test_typical_acceptance_is_greedy_decoding_at_temperature_zero(next_token):
 
 
 def sequence_tv(target, drafter, acceptance):
+    if isinstance(drafter, torch.nn.Module):
+        drafter = ll.drafters.DraftModelDrafter(drafter)
     return output_distance(target, drafter, acceptance, prompt=[1], length=3, samples=20_000, gamma=2)
 
 
@@ -108,4 +111,4 @@ def test_bad_shapes_raise():
 def test_output_distance_refuses_a_vocabulary_too_large_to_enumerate():
     big = ll.toy_model(vocab_size=50, order=2, seed=0)
     with pytest.raises(ValueError, match="vocab_size"):
-        output_distance(big, big, TypicalAcceptance(), length=3)
+        output_distance(big, ll.drafters.DraftModelDrafter(big), TypicalAcceptance(), length=3)

@@ -3,15 +3,17 @@
     import logitlab as ll
     model, tokenizer = ll.load("smollm2-135m")
     probs = ll.softmax(logits, temperature=0.7)
-    token = ll.sample(logits, temperature=0.7, generator=torch.Generator().manual_seed(0))
+    token = ll.sample(logits, temperature=0.7, generator=ll.generator(model, seed=0))
 
 Each module follows a chapter of the book and says which one.
 """
 
-from . import checks, drafters, lookahead, medusa, metrics, penalties, processors, speculative, tree, typical_acceptance, viz
+from . import (checks, decoding, drafter, drafters, lookahead, medusa, metrics, penalties, processors, speculative, tree,
+               train_draft, typical_acceptance, viz)
+from .decoding import GenerationResult, generator
 from .models import device, load, next_token_logits, toy_bigram, toy_model
 from .probs import apply_temperature, entropy, kl, log_softmax, softmax, tv_distance
-from .generate import GenerationResult, generate
+from .generate import generate
 from .sampling import SamplingConfig, greedy, gumbel_max, next_token, sample
 from .beam import BeamSearchResult, beam_search
 from .best_of_n import BestOfN, best_of_n
@@ -23,6 +25,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "checks",
+    "decoding",
+    "drafter",
+    "generator",
     "metrics",
     "penalties",
     "processors",

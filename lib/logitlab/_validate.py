@@ -11,6 +11,8 @@ import math
 
 import torch
 
+from .devices import exact_dtype
+
 
 def check_logits(logits, name: str = "logits") -> torch.Tensor:
     """Return ``logits`` if it is a floating tensor ``[..., vocab]`` with no NaN and no +inf.
@@ -51,7 +53,7 @@ def check_probs(p, name: str) -> torch.Tensor:
         raise ValueError(f"{name} must have a non-empty last (vocabulary) dimension, got shape {tuple(p.shape)}")
     if torch.isnan(p).any() or (p < 0).any() or (p > 1 + 1e-6).any():
         raise ValueError(f"{name} must hold probabilities in [0, 1] (no NaN)")
-    sums = p.double().sum(dim=-1)
+    sums = p.sum(dim=-1, dtype=exact_dtype(p.device))  # float64 where the device has it
     if not torch.allclose(sums, torch.ones_like(sums), atol=1e-3):
         raise ValueError(f"{name} rows must sum to 1, got sums between {sums.min():.4f} and {sums.max():.4f}")
     return p

@@ -30,11 +30,14 @@ were kept (a beam can take over another beam's row, or two beams can descend fro
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 
 import torch
 
-from .generate import _eos_ids, _model_device, _now, _prompt_batch
+from ._validate import check_logits
+from .decoding import check_counts, check_model, eos_ids, forward, model_device, now, prompt_batch, vocab_size
 
 NEG = -1.0e9  # the score that marks an empty or forbidden slot, as in Hugging Face
 
@@ -80,7 +83,7 @@ class BeamSearchResult:
     @property
     def scores(self) -> torch.Tensor:
         """The scores of ``sequences``, in the same order."""
-        return torch.tensor([h.score for hyps in self.hypotheses for h in hyps])
+        return torch.tensor([h.score for hyps in self.hypotheses for h in hyps], device="cpu")
 
     @property
     def best(self) -> list[Hypothesis]:
@@ -109,108 +112,139 @@ def beam_search(
     is an id or a list of ids; ``None`` takes the model's ``generation_config`` (``[]`` for none).
     Returns the ``num_return_sequences`` best finished hypotheses of each prompt.
     """
-    _check_arguments(num_beams, max_new_tokens, length_penalty, early_stopping, num_return_sequences)
-    eos = _eos_ids(eos_token_id, model)
-    device = _model_device(model)
-    ids, mask = _prompt_batch(input_ids, attention_mask, tokenizer, device)
-    batch, nb = ids.shape[0], num_beams
+    check_model(model)
+    num_beams, max_new_tokens, length_penalty, num_return_sequences = _check_arguments(
+        num_beams, max_new_tokens, length_penalty, early_stopping, num_return_sequences, vocab_size(model))
+    eos = eos_ids(eos_token_id, model)
+    device = model_device(model)
+    ids, mask = prompt_batch(input_ids, attention_mask, tokenizer, model)
+    nb = num_beams
 
     # Prefill each prompt once, then give each of its beams a copy of the cache.
-    start = _now(device)
+    start = now(device)
     positions = (mask.cumsum(dim=-1) - 1).clamp_min(0)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-    cache = out.past_key_values
+    step = forward(model, input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=1)
+    cache = step.cache
     cache.batch_repeat_interleave(nb)
-    logits = out.logits[:, -1].float().repeat_interleave(nb, dim=0)  # [batch * nb, vocab]
+    logits = step.logits[:, -1].repeat_interleave(nb, dim=0)  # [batch * nb, vocab]
     mask = mask.repeat_interleave(nb, dim=0)
-    prefill_seconds = _now(device) - start
-    calls = 1
+    beams = _Beams(ids.shape[0], nb, eos, length_penalty, early_stopping, max_new_tokens, device)
+    prefill_seconds, steps = now(device) - start, []
 
-    # Running beams. Only beam 0 starts "alive" (score 0): the others start at NEG, so that the
-    # first step does not pick the same extension once per (identical) beam.
-    running = torch.full((batch, nb, max_new_tokens), -1, dtype=torch.long, device=device)
-    running_scores = torch.zeros(batch, nb, device=device)
-    running_scores[:, 1:] = NEG
-    # The store of finished hypotheses: the nb best so far per prompt (NEG = empty slot).
-    stored = running.clone()
-    stored_scores = torch.full((batch, nb), NEG, device=device)
-    stored_full = torch.zeros(batch, nb, dtype=torch.bool, device=device)  # slot holds a hypothesis
-    can_improve = torch.ones(batch, 1, dtype=torch.bool, device=device)
-    keep = max(2, 1 + len(eos)) * nb  # extensions looked at per step
-    in_top_nb = torch.arange(keep, device=device) < nb
-    eos_tensor = torch.tensor(eos, dtype=torch.long, device=device)
-    rows = torch.arange(batch, device=device)[:, None]
-    history, steps = [], []
+    for index in range(max_new_tokens):
+        start = now(device)
+        check_logits(logits, "the model's logits")  # a model that returns NaN must not rank beams
+        last = index == max_new_tokens - 1
+        if beams.extend(logits, last) or last:
+            steps.append(now(device) - start)
+            break
+        # Feed each beam's last token, with the cache rows following the beams they extend.
+        cache.batch_select_indices(beams.cache_rows())
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+        step = forward(model, input_ids=beams.running[:, :, -1].reshape(-1, 1), attention_mask=mask, cache=cache,
+                       position_ids=mask.sum(dim=-1, keepdim=True) - 1, logits_to_keep=1)
+        cache, logits = step.cache, step.logits[:, -1]
+        steps.append(now(device) - start)
+    prompts = [row[m.bool()] for row, m in zip(ids, mask[::nb, : ids.shape[1]])]
+    return BeamSearchResult(beams.hypotheses(num_return_sequences, tokenizer), prompts, beams.history,
+                            len(steps), prefill_seconds, steps)
 
-    for step in range(max_new_tokens):
-        start = _now(device)
+
+class _Beams:
+    """The running beams of every prompt, their scores, and the store of finished hypotheses.
+
+    Token buffers grow by one column per step (no buffer of ``max_new_tokens`` columns up front).
+    """
+
+    def __init__(self, batch, nb, eos, length_penalty, early_stopping, max_new_tokens, device):
+        self.nb, self.eos, self.length_penalty, self.early_stopping = nb, eos, length_penalty, early_stopping
+        self.max_new_tokens = max_new_tokens
+        # Only beam 0 starts "alive" (score 0): the others start at NEG, so that the first step
+        # does not pick the same extension once per (identical) beam.
+        self.running = torch.full((batch, nb, 0), -1, dtype=torch.long, device=device)
+        self.scores = torch.zeros(batch, nb, device=device)
+        self.scores[:, 1:] = NEG
+        # The store of finished hypotheses: the nb best so far per prompt (NEG = empty slot).
+        self.stored = self.running.clone()
+        self.stored_scores = torch.full((batch, nb), NEG, device=device)
+        self.stored_full = torch.zeros(batch, nb, dtype=torch.bool, device=device)  # slot holds a hypothesis
+        self.can_improve = torch.ones(batch, 1, dtype=torch.bool, device=device)
+        self.keep = max(2, 1 + len(eos)) * nb  # extensions looked at per step
+        self.in_top_nb = torch.arange(self.keep, device=device) < nb
+        self.eos_tensor = torch.tensor(eos, dtype=torch.long, device=device)
+        self.rows = torch.arange(batch, device=device)[:, None]
+        self.history = []
+
+    def extend(self, logits, last: bool) -> bool:
+        """One step: extend every beam by every token, keep the nb best running beams, store the
+        extensions that ended. Returns whether the search is over."""
+        rows, nb, batch = self.rows, self.nb, self.rows.shape[0]
+        step = self.running.shape[2]  # tokens in every running beam before this step
         # 1. Score every extension of every beam: beam score + the token's log-probability.
         vocab = logits.shape[-1]
         logprobs = torch.log_softmax(logits, dim=-1).view(batch, nb, vocab)
-        totals = (logprobs + running_scores[:, :, None]).view(batch, nb * vocab)
-        top_scores, top_index = totals.topk(keep)  # [batch, keep], best first
+        totals = (logprobs + self.scores[:, :, None]).view(batch, nb * vocab)
+        top_scores, top_index = totals.topk(self.keep)  # [batch, keep], best first
         parent, token = top_index // vocab, top_index % vocab
-        candidates = running[rows, parent]  # [batch, keep, max_new_tokens]
-        candidates[:, :, step] = token
-        ends = torch.isin(token, eos_tensor) | (step + 1 == max_new_tokens)
+        candidates = torch.cat([self.running[rows, parent], token[..., None]], dim=2)
+        ends = torch.isin(token, self.eos_tensor) | last
 
         # 2. The nb best extensions that did not end are the next beams.
         alive_scores = top_scores + ends.float() * NEG
         chosen = alive_scores.topk(nb).indices
-        running, running_scores = candidates[rows, chosen], alive_scores[rows, chosen]
-        parents = parent[rows, chosen]
-
-        # 3. Extensions that ended among the nb best of this step become hypotheses, scored
-        #    with the length penalty; the store keeps the nb best (none once it may not change).
-        new = ends & in_top_nb
-        scores = top_scores / ((step + 1) ** length_penalty)
-        scores = scores + (stored_full.all(dim=-1, keepdim=True) & (early_stopping is True)).float() * NEG
-        scores = scores + (~can_improve).float() * NEG
-        scores = scores + (~new).float() * NEG
-        merged = torch.cat([stored_scores, scores], dim=1).topk(nb).indices
-        stored = torch.cat([stored, candidates], dim=1)[rows, merged]
-        stored_scores = torch.cat([stored_scores, scores], dim=1)[rows, merged]
-        stored_full = torch.cat([stored_full, new], dim=1)[rows, merged]
+        self.running, self.scores = candidates[rows, chosen], alive_scores[rows, chosen]
+        self.parents = parent[rows, chosen]
+        merged = self._store(candidates, top_scores, ends, step + 1)
         # When every extension ends (the last step) there are no running beams to show: the
         # history shows the nb best extensions, which all became hypotheses.
-        shown = (candidates[:, :nb], top_scores[:, :nb], parent[:, :nb]) if bool(ends.all()) else \
-            (running, running_scores, parents)
-        history.append(BeamStep(shown[0][:, :, : step + 1].clone(), shown[1].clone(), shown[2].clone(),
-                                _newly_stored(stored, stored_scores, merged, nb, step)))
+        all_end = bool(ends.all())
+        shown = (candidates[:, :nb], top_scores[:, :nb], parent[:, :nb]) if all_end else \
+            (self.running, self.scores, self.parents)
+        self.history.append(BeamStep(shown[0].clone(), shown[1].clone(), shown[2].clone(),
+                                     _newly_stored(self.stored, self.stored_scores, merged, nb, step)))
+        return all_end or self._over(step + 1)
 
-        # 4. Stop, or feed each beam's last token, with the cache rows following the beams.
-        length = step + 1  # tokens in every running beam now
-        if early_stopping == "never" and length_penalty > 0:
-            length = max_new_tokens
-        best_running = running_scores[:, :1] / (length ** length_penalty)
-        worst_stored = torch.where(stored_full, stored_scores.min(dim=-1, keepdim=True).values, NEG)
-        can_improve = can_improve & (best_running > worst_stored).any(dim=-1, keepdim=True)
-        done = (not bool(can_improve.any()) or (bool(stored_full.all()) and early_stopping is True)
-                or bool(ends.all()))
-        if done:
-            steps.append(_now(device) - start)
-            break
-        cache.batch_select_indices((rows * nb + parents).flatten())
-        mask = torch.cat([mask, mask.new_ones(batch * nb, 1)], dim=1)
-        positions = mask.sum(dim=-1, keepdim=True) - 1
-        out = model(input_ids=running[:, :, step].reshape(-1, 1), attention_mask=mask, position_ids=positions,
-                    past_key_values=cache, use_cache=True, logits_to_keep=1)
-        cache, logits = out.past_key_values, out.logits[:, -1].float()
-        calls += 1
-        steps.append(_now(device) - start)
+    def _store(self, candidates, top_scores, ends, length):
+        """Extensions that ended among the nb best of this step become hypotheses, scored with the
+        length penalty; the store keeps the nb best (none once it may not change)."""
+        rows, nb = self.rows, self.nb
+        new = ends & self.in_top_nb
+        scores = top_scores / (length ** self.length_penalty)
+        scores = scores + (self.stored_full.all(dim=-1, keepdim=True) & (self.early_stopping is True)).float() * NEG
+        scores = scores + (~self.can_improve).float() * NEG + (~new).float() * NEG
+        stored = torch.cat([self.stored, self.stored.new_full((*self.stored.shape[:2], 1), -1)], dim=2)
+        merged = torch.cat([self.stored_scores, scores], dim=1).topk(nb).indices
+        self.stored = torch.cat([stored, candidates], dim=1)[rows, merged]
+        self.stored_scores = torch.cat([self.stored_scores, scores], dim=1)[rows, merged]
+        self.stored_full = torch.cat([self.stored_full, new], dim=1)[rows, merged]
+        return merged
 
-    hypotheses = []
-    for b in range(batch):
-        hyps = []
-        for slot in range(num_return_sequences):
-            tokens = stored[b, slot][stored[b, slot] >= 0]
-            score = stored_scores[b, slot].item()
-            reason = "eos" if eos and tokens[-1].item() in eos else "length"
-            text = tokenizer.decode(tokens.tolist(), skip_special_tokens=True) if tokenizer is not None else None
-            hyps.append(Hypothesis(tokens, score, score * len(tokens) ** length_penalty, reason, text))
-        hypotheses.append(hyps)
-    prompts = [row[m.bool()] for row, m in zip(ids, mask[::nb, : ids.shape[1]])]
-    return BeamSearchResult(hypotheses, prompts, history, calls, prefill_seconds, steps)
+    def _over(self, length: int) -> bool:
+        """Whether no running beam can still beat the stored hypotheses (or the store is full with
+        ``early_stopping=True``). ``"never"`` scores the best beam at the longest length instead."""
+        if self.early_stopping == "never" and self.length_penalty > 0:
+            length = self.max_new_tokens  # longer can only score higher then
+        best_running = self.scores[:, :1] / (length ** self.length_penalty)
+        worst_stored = torch.where(self.stored_full, self.stored_scores.min(dim=-1, keepdim=True).values, NEG)
+        self.can_improve = self.can_improve & (best_running > worst_stored).any(dim=-1, keepdim=True)
+        return not bool(self.can_improve.any()) or (bool(self.stored_full.all()) and self.early_stopping is True)
+
+    def cache_rows(self) -> torch.Tensor:
+        """The cache row of the beam each new beam extends, for every prompt."""
+        return (self.rows * self.nb + self.parents).flatten()
+
+    def hypotheses(self, count: int, tokenizer) -> list[list[Hypothesis]]:
+        result = []
+        for b in range(self.stored.shape[0]):
+            hyps = []
+            for slot in range(count):
+                tokens = self.stored[b, slot][self.stored[b, slot] >= 0]
+                score = self.stored_scores[b, slot].item()
+                reason = "eos" if self.eos and tokens[-1].item() in self.eos else "length"
+                text = tokenizer.decode(tokens.tolist(), skip_special_tokens=True) if tokenizer is not None else None
+                hyps.append(Hypothesis(tokens, score, score * len(tokens) ** self.length_penalty, reason, text))
+            result.append(hyps)
+        return result
 
 
 def _newly_stored(stored, stored_scores, merged, nb, step):
@@ -223,19 +257,22 @@ def _newly_stored(stored, stored_scores, merged, nb, step):
     return out
 
 
-def _check_arguments(num_beams, max_new_tokens, length_penalty, early_stopping, num_return_sequences):
+def _check_arguments(num_beams, max_new_tokens, length_penalty, early_stopping, num_return_sequences, vocab):
+    """Validate beam search's own arguments; numpy numbers are fine. Returns them as Python numbers."""
     def integer(v):
-        return isinstance(v, int) and not isinstance(v, bool)
+        return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
-    if not integer(num_beams) or num_beams < 1:
-        raise ValueError(f"num_beams must be an integer >= 1, got {num_beams!r}")
-    if not integer(max_new_tokens) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) or length_penalty != length_penalty \
-            or abs(length_penalty) == float("inf"):
+    if not integer(num_beams) or not 1 <= num_beams <= (vocab or num_beams):
+        raise ValueError(f"num_beams must be an integer in [1, {vocab}] (at most one beam per token of the "
+                         f"vocabulary), got {num_beams!r}")
+    max_new_tokens = check_counts(max_new_tokens)[0]
+    if isinstance(length_penalty, bool) or not isinstance(length_penalty, numbers.Real) \
+            or not math.isfinite(length_penalty):
         raise ValueError(f"length_penalty must be a finite number, got {length_penalty!r}")
-    if early_stopping not in (True, False, "never"):
+    # `is` tests: 1 == True in Python, but early_stopping=1 would then run as neither rule.
+    if not (early_stopping is True or early_stopping is False or early_stopping == "never"):
         raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
     if not integer(num_return_sequences) or not 1 <= num_return_sequences <= num_beams:
         raise ValueError(f"num_return_sequences must be an integer in [1, num_beams={num_beams}], "
                          f"got {num_return_sequences!r}")
+    return int(num_beams), max_new_tokens, float(length_penalty), int(num_return_sequences)

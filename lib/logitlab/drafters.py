@@ -3,17 +3,10 @@
 Chapter 6 ("Speculative sampling") explains this module; chapter 7 adds Medusa heads, chapter 8
 PaSS look-ahead embeddings.
 
-A drafter is any object with four methods, called by ``ll.speculative_generate``:
-
-* ``start(input_ids, attention_mask)``: the (left-padded) prompts, once, before the first call;
-* ``propose(next_tokens, gamma, config, generator) -> (tokens [B, g], q [B, g, V])``: the token
-  the target has just produced for each row is ``next_tokens``; propose up to ``gamma`` tokens
-  after it (``g <= gamma``, the same for every row) and the distribution each was drawn from;
-* ``rollback(num_accepted)``: the target kept the first ``num_accepted[b]`` proposals of row b;
-* ``select_rows(keep)``: only the rows ``keep`` go on (the others finished).
-
-Any proposal keeps the output exact (that is the point of the verification), so a drafter is
-judged only by how often its proposals are accepted and by what it costs.
+Every drafter implements ``logitlab.drafter.Drafter``, the interface ``ll.speculative_generate``
+calls (``start``, ``propose``, ``rollback``, ``select_rows``). Any proposal keeps the output
+exact (that is the point of the verification), so a drafter is judged only by how often its
+proposals are accepted and by what it costs.
 
 * ``DraftModelDrafter``: a small language model with the target's tokenizer, sampling its
   proposals one at a time from its own (processed) distribution, with its own KV cache rolled
@@ -23,12 +16,11 @@ judged only by how often its proposals are accepted and by what it costs.
   the layer and a norm are shipped, and its output layer scores only the 2048 tokens SmolLM2
   uses most, the cheapest way found to make a draft step cheap).
 * ``MedusaDrafter`` (chapter 7): Medusa heads (``logitlab.medusa``) guessing from the target's
-  own last hidden state, one guess per head; it also has ``observe(hidden)`` and
-  ``reads_hidden_state = True``, which tell the loop to hand it that state after every pass.
-  ``load_medusa(target)`` gives the book's heads for SmolLM2-135M.
+  own last hidden state, one guess per head (``reads_hidden_state = True``: the loop hands it
+  that state after every pass). ``ll.medusa.load_heads(target)`` gives the book's heads.
 * ``logitlab.lookahead.LookaheadEmbeddings`` (chapter 8, PaSS): the target drafts for itself,
   fed a few learned look-ahead embeddings after the context; it keeps its own copy of the
-  target's cache, which it takes from the loop's prefill (``take_prefill(target, cache)``).
+  target's cache, which it takes from the loop's prefill (``start``).
   ``ll.lookahead.load_pretrained(target, k)`` gives the book's embeddings for SmolLM2-135M.
 * ``PromptLookupDrafter``: no model at all. It finds the latest earlier occurrence of the
   context's last n tokens and proposes what followed it, with ``q`` one-hot on each proposal:
@@ -37,76 +29,60 @@ judged only by how often its proposals are accepted and by what it costs.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import torch
 
-from .probs import softmax
-from .sampling import SamplingConfig, process_logits, sample
+from .decoding import crop_cache, draw, forward
+from .drafter import Drafter
 
 
-def _vocab_size(model) -> int:
-    return int(model.config.vocab_size)
-
-
-class DraftModelDrafter:
+class DraftModelDrafter(Drafter):
     """Proposals sampled from a small model, one forward pass per proposed token."""
 
     def __init__(self, model):
-        if not hasattr(model, "config") or not hasattr(model.config, "vocab_size"):
+        if not isinstance(model, torch.nn.Module) or not hasattr(getattr(model, "config", None), "vocab_size"):
             raise ValueError("model must be a causal language model with config.vocab_size")
         self.model = model
-        self.vocab_size = _vocab_size(model)
-        self.steps = 0  # forward passes of the draft model
-        self.seconds = 0.0
+        self.vocab_size = int(model.config.vocab_size)
 
     @torch.inference_mode()
-    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+    def start(self, input_ids, attention_mask, target=None, cache=None) -> None:
         positions = (attention_mask.cumsum(dim=-1) - 1).clamp_min(0)
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                         use_cache=True, logits_to_keep=1)
-        self.cache, self.mask = out.past_key_values, attention_mask
+        step = forward(self.model, input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                       logits_to_keep=1)
+        self.cache, self.mask = step.cache, attention_mask
         # A proposal that was accepted but never fed to the draft model (the last of a fully
         # accepted draft): it must go in before the next token. -1: none.
         self.unfed = torch.full((input_ids.shape[0],), -1, dtype=torch.long, device=input_ids.device)
-        self.steps += 1
+        self.steps = 1  # forward passes of the draft model, this prefill included
 
     @torch.inference_mode()
-    def propose(self, next_tokens, gamma, config: SamplingConfig, generator=None):
-        start = time.perf_counter()
+    def propose(self, next_tokens, gamma, config, generator=None):
         # Feed what the draft model has not seen: (the unfed proposal and) the target's token.
-        if bool((self.unfed >= 0).any()):
+        if bool((self.unfed >= 0).any()):  # one host sync per call, not per token
             feed = torch.stack([self.unfed.clamp_min(0), next_tokens], dim=1)
             new_mask = torch.stack([(self.unfed >= 0).long(), torch.ones_like(next_tokens)], dim=1)
         else:
             feed, new_mask = next_tokens[:, None], torch.ones_like(next_tokens)[:, None]
         tokens, qs = [], []
         for i in range(gamma):
-            logits = self._forward(feed, new_mask)
-            if config.temperature == 0:
-                token = logits.argmax(dim=-1)
-                q = torch.nn.functional.one_hot(token, logits.shape[-1]).to(logits.dtype)
-            else:
-                processed = process_logits(logits, config)
-                q = softmax(processed)
-                token = sample(processed, 1.0, generator)
+            token, q = draw(self._forward(feed, new_mask), config, generator)
             tokens.append(token)
             qs.append(q)
             if i < gamma - 1:  # the last proposal is not fed now (it may be rejected anyway)
                 feed, new_mask = token[:, None], torch.ones_like(token)[:, None]
         self.proposed = torch.stack(tokens, dim=1)
-        self.seconds += time.perf_counter() - start
         return self.proposed, torch.stack(qs, dim=1)
 
     def _forward(self, feed, new_mask):
         self.mask = torch.cat([self.mask, new_mask], dim=1)
         positions = (self.mask.cumsum(dim=-1) - 1).clamp_min(0)[:, -feed.shape[1]:]
-        out = self.model(input_ids=feed, attention_mask=self.mask, position_ids=positions,
-                         past_key_values=self.cache, use_cache=True, logits_to_keep=1)
-        self.cache = out.past_key_values
+        step = forward(self.model, input_ids=feed, attention_mask=self.mask, position_ids=positions,
+                       cache=self.cache, logits_to_keep=1)
+        self.cache = step.cache
         self.steps += 1
-        return out.logits[:, -1].float()
+        return step.logits[:, -1]
 
     def rollback(self, num_accepted: torch.Tensor) -> None:
         gamma = self.proposed.shape[1]
@@ -115,24 +91,18 @@ class DraftModelDrafter:
         keep = torch.arange(1, fed + 1, device=num_accepted.device)[None] <= num_accepted[:, None]
         if fed > 0:
             self.mask[:, -fed:] = self.mask[:, -fed:] * keep.long()
+            drop = fed - int(num_accepted.clamp(max=fed).max())  # positions no row keeps
+            if drop > 0:
+                crop_cache(self.cache, self.cache.get_seq_length() - drop)
+                self.mask = self.mask[:, :-drop]
         self.unfed = torch.where(num_accepted == gamma, self.proposed[:, -1], torch.full_like(num_accepted, -1))
-        self.mask, self.cache = _crop_common(self.mask, self.cache, fed, num_accepted)
 
     def select_rows(self, keep: torch.Tensor) -> None:
         self.cache.batch_select_indices(keep)
         self.mask, self.unfed = self.mask[keep], self.unfed[keep]
 
 
-def _crop_common(mask, cache, appended: int, num_accepted):
-    """Drop the last positions that no row keeps (at most ``appended`` of them) from the cache."""
-    drop = appended - int(num_accepted.clamp(max=appended).max()) if appended > 0 else 0
-    if drop > 0:  # crop(0) would empty a Hugging Face cache: only call it to drop something
-        cache.crop(-drop)
-        mask = mask[:, :-drop]
-    return mask, cache
-
-
-class PromptLookupDrafter:
+class PromptLookupDrafter(Drafter):
     """Proposals copied from the context: what followed the latest earlier match of its last n tokens.
 
     ``max_ngram`` down to ``min_ngram`` tokens are tried, longest first. Rows without a match
@@ -146,22 +116,18 @@ class PromptLookupDrafter:
         if not (isinstance(min_ngram, int) and isinstance(max_ngram, int) and 1 <= min_ngram <= max_ngram):
             raise ValueError(f"need integers 1 <= min_ngram <= max_ngram, got {min_ngram!r}, {max_ngram!r}")
         self.vocab_size, self.max_ngram, self.min_ngram = vocab_size, max_ngram, min_ngram
-        self.steps, self.seconds = 0, 0.0
 
-    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+    def start(self, input_ids, attention_mask, target=None, cache=None) -> None:
         self.history = [row[m.bool()].tolist() for row, m in zip(input_ids, attention_mask)]
 
     def propose(self, next_tokens, gamma, config, generator=None):
-        start = time.perf_counter()
         for row, t in zip(self.history, next_tokens.tolist()):
             row.append(t)
         found = [self._lookup(row, gamma) for row in self.history]
         g = max(len(f) for f in found)
         self.proposed = [f + [row[-1] if not f else f[-1]] * (g - len(f)) for f, row in zip(found, self.history)]
         tokens = torch.tensor(self.proposed, dtype=torch.long, device=next_tokens.device).view(len(found), g)
-        q = torch.nn.functional.one_hot(tokens, self.vocab_size).float()
-        self.seconds += time.perf_counter() - start
-        return tokens, q
+        return tokens, torch.nn.functional.one_hot(tokens, self.vocab_size).float()
 
     def _lookup(self, row: list[int], gamma: int) -> list[int]:
         for n in range(min(self.max_ngram, len(row) - 1), self.min_ngram - 1, -1):
@@ -180,15 +146,15 @@ class PromptLookupDrafter:
         self.history = [self.history[i] for i in keep.tolist()]
 
 
-class MedusaDrafter:
+class MedusaDrafter(Drafter):
     """Proposals from Medusa heads (``logitlab.medusa``), verified as a chain.
 
     The heads read the target's last hidden state where the pending token was predicted, so
-    this drafter has ``reads_hidden_state = True`` and ``observe(hidden [B, H])``: the loop of
-    ``ll.speculative_generate`` hands it that state after every target pass. ``propose`` then
-    costs one small block and one output product per head, and no forward pass of any model.
-    ``proposals="argmax"`` (Medusa's choice) proposes each head's most likely token, with ``q``
-    one-hot on it; ``"sample"`` draws from each head's processed distribution, which is ``q``.
+    this drafter has ``reads_hidden_state = True``: the loop of ``ll.speculative_generate`` hands
+    it that state after every target pass (``observe``). ``propose`` then costs one small block
+    and one output product per head, and no forward pass of any model. ``proposals="argmax"``
+    (Medusa's choice) proposes each head's most likely token, with ``q`` one-hot on it;
+    ``"sample"`` draws from each head's processed distribution, which is ``q``.
     """
 
     reads_hidden_state = True
@@ -200,10 +166,9 @@ class MedusaDrafter:
             raise ValueError(f"proposals must be 'argmax' or 'sample', got {proposals!r}")
         self.heads, self.proposals = heads, proposals
         self.vocab_size = heads.vocab_size
-        self.steps = 0
         self.hidden = None
 
-    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+    def start(self, input_ids, attention_mask, target=None, cache=None) -> None:
         # Steps are counted like a draft model's (SpeculativeResult.draft_step_seconds): one for
         # the prompt (here the target's prefill gives the first hidden state), then one per call.
         self.hidden, self.steps = None, 1
@@ -212,7 +177,7 @@ class MedusaDrafter:
         self.hidden = hidden
 
     @torch.inference_mode()
-    def propose(self, next_tokens, gamma, config: SamplingConfig, generator=None):
+    def propose(self, next_tokens, gamma, config, generator=None):
         if self.hidden is None:
             raise ValueError("MedusaDrafter needs the target's hidden state: use it in ll.speculative_generate")
         g = min(gamma, self.heads.num_heads)  # one guess per head, no more
@@ -221,31 +186,10 @@ class MedusaDrafter:
         if self.proposals == "argmax" or config.temperature == 0:
             tokens = logits.argmax(dim=-1)
             return tokens, torch.nn.functional.one_hot(tokens, self.vocab_size).float()
-        q = softmax(process_logits(logits, config))
-        return sample(process_logits(logits, config), 1.0, generator), q
-
-    def rollback(self, num_accepted: torch.Tensor) -> None:
-        pass  # no state of its own beyond the hidden state, which the loop replaces
+        return draw(logits, config, generator)
 
     def select_rows(self, keep: torch.Tensor) -> None:
         self.hidden = self.hidden[keep]
-
-
-def load_medusa(target, proposals: str = "argmax") -> MedusaDrafter:
-    """The book's trained Medusa heads for SmolLM2-135M (``logitlab.medusa.load_heads``) as a drafter."""
-    from .medusa import load_heads
-
-    return MedusaDrafter(load_heads(target), proposals)
-
-
-def as_drafter(drafter):
-    """A drafter object as is; a language model wrapped as a ``DraftModelDrafter``."""
-    if all(hasattr(drafter, m) for m in ("start", "propose", "rollback", "select_rows")):
-        return drafter
-    if isinstance(drafter, torch.nn.Module):
-        return DraftModelDrafter(drafter)
-    raise ValueError("drafter must be a language model or an object with start, propose, rollback and "
-                     f"select_rows (see logitlab.drafters), got {type(drafter).__name__}")
 
 
 # The shipped draft for SmolLM2-135M: its one layer and final norm in float16, and the ids of
@@ -262,8 +206,6 @@ def load_pretrained(target, full_vocabulary: bool = False):
     output layer scores only the tokens SmolLM2 uses most (a ``SubsetHead``), which makes a draft
     step several times cheaper; ``full_vocabulary=True`` gives it the whole output layer instead.
     """
-    from .train_draft import load_draft
-
     config = getattr(target, "config", None)
     shape = tuple(getattr(config, k, None) for k in ("vocab_size", "hidden_size", "num_hidden_layers"))
     if shape != (49152, 576, 30):
@@ -272,3 +214,74 @@ def load_pretrained(target, full_vocabulary: bool = False):
     if not isinstance(full_vocabulary, bool):
         raise ValueError(f"full_vocabulary must be True or False, got {full_vocabulary!r}")
     return load_draft(target, str(PRETRAINED_DRAFT), full_vocabulary=full_vocabulary)
+
+
+def build_draft(target, init_layer: int = 0, num_layers: int = 1):
+    """A Llama with ``num_layers`` layers and the target's shape, started from the target's weights.
+
+    The embedding (tied to the output layer) is the target's own module, shared rather than
+    copied (no second 28M-parameter table in memory), and frozen; only the layers and the
+    final norm train.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(**{**target.config.to_dict(), "num_hidden_layers": num_layers, "tie_word_embeddings": True})
+    draft = LlamaForCausalLM(cfg).to(device=target.device, dtype=target.dtype)
+    draft.model.embed_tokens = target.model.embed_tokens
+    with torch.no_grad():
+        n = target.config.num_hidden_layers
+        for i, layer in enumerate(draft.model.layers):
+            src = (init_layer + i) % n if init_layer >= 0 else n + init_layer - (num_layers - 1) + i
+            layer.load_state_dict(target.model.layers[src].state_dict())
+        draft.model.norm.load_state_dict(target.model.norm.state_dict())
+    draft.tie_weights()
+    draft.model.embed_tokens.weight.requires_grad_(False)
+    return draft.eval()
+
+
+def load_draft(target, path: str, full_vocabulary: bool = False):
+    """Rebuild the draft model from the target and a file written by ``save_draft``.
+
+    If the file names an output vocabulary, the draft predicts only those tokens (a
+    ``SubsetHead``), unless ``full_vocabulary`` asks for the whole output layer.
+    """
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(path, "pt") as f:
+        layers = int(f.metadata()["num_hidden_layers"])
+    draft = build_draft(target, 0, layers)
+    state = load_file(path)
+    vocab = state.pop("vocab", None)
+    state = {k: v.to(target.dtype) for k, v in state.items()}
+    missing = draft.load_state_dict(state, strict=False)
+    if missing.unexpected_keys:
+        raise ValueError(f"path: {path} holds weights a draft of this target does not have: {missing.unexpected_keys}")
+    if vocab is not None and not full_vocabulary:
+        draft.lm_head = SubsetHead(target.model.embed_tokens.weight, vocab.long())
+    return draft.eval()
+
+
+class SubsetHead(torch.nn.Module):
+    """An output layer that scores only a subset of the vocabulary.
+
+    A draft step of the one-layer draft is dominated by its output layer: a [576] x [576, 49152]
+    product reads the whole 113 MB embedding for every proposed token, several times the cost
+    of the layer itself. Scoring only the ``K`` tokens the target uses most (rows of the same
+    embedding, copied once into a small contiguous matrix) makes a step several times cheaper.
+    The other tokens get logit -inf, so the draft never proposes them and its ``q`` gives them
+    probability 0. Speculative sampling stays exact (any ``q`` does); only the acceptance rate
+    pays, by at most the target's probability mass outside the subset.
+    """
+
+    def __init__(self, embedding: torch.Tensor, vocab: torch.Tensor):
+        super().__init__()
+        self.vocab_size = embedding.shape[0]
+        vocab = vocab.to(embedding.device)
+        self.register_buffer("vocab", vocab, persistent=False)
+        self.register_buffer("rows", embedding.detach()[vocab].clone(), persistent=False)  # [K, hidden]
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        small = hidden @ self.rows.T  # [..., K]
+        logits = small.new_full((*small.shape[:-1], self.vocab_size), float("-inf"))
+        return logits.index_copy_(-1, self.vocab, small)

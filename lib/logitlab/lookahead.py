@@ -44,15 +44,19 @@ import torch
 import torch.nn.functional as F
 
 from ._validate import check_generator
+from .decoding import (additive_mask, check_body_and_head, check_counts, crop_cache, draw, eos_ids, forward,
+                       masked_forward, model_device, now, prompt_batch)
+from .drafter import Drafter
 from .probs import softmax
-from .sampling import SamplingConfig, process_logits, sample
-from .tree import _additive_mask, tree_attention_mask, tree_position_ids
+from .sampling import SamplingConfig, process_logits
+from .speculative import Outputs, RejectionSampling, SpeculativeResult
+from .tree import tree_attention_mask, tree_position_ids
 
 # Written by ``python -m logitlab.train_lookahead``: 8 look-ahead embeddings for SmolLM2-135M.
 PRETRAINED_LOOKAHEAD = Path(__file__).parent / "data" / "lookahead_smollm2_135m.safetensors"
 
 
-class LookaheadEmbeddings(torch.nn.Module):
+class LookaheadEmbeddings(torch.nn.Module, Drafter):
     """``k`` learned input vectors that make ``model`` guess ``k`` tokens beyond the next one.
 
     The only parameters are ``vectors`` ``[k, d_emb]``; ``model`` is frozen and not a submodule
@@ -63,11 +67,12 @@ class LookaheadEmbeddings(torch.nn.Module):
 
     def __init__(self, model, k: int, seed: int = 0):
         super().__init__()
-        _check_model(model)
+        check_body_and_head(model, "model")
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k (the number of look-ahead embeddings) must be an integer >= 1, got {k!r}")
         embedding = model.model.embed_tokens.weight.detach().float()
-        noise = torch.randn(k, embedding.shape[1], generator=torch.Generator().manual_seed(seed))
+        # Seeded on the CPU, so that a seed gives the same vectors on every device.
+        noise = torch.randn(k, embedding.shape[1], generator=torch.Generator(device="cpu").manual_seed(seed))
         init = embedding.mean(0) + 0.1 * embedding.std() * noise.to(embedding.device)
         self.vectors = torch.nn.Parameter(init)
         self.__dict__["model"] = model  # a plain attribute: the model is not part of this module
@@ -83,21 +88,17 @@ class LookaheadEmbeddings(torch.nn.Module):
 
     # --- The drafter protocol of ll.speculative_generate (see logitlab.drafters) ---------------
 
-    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
-        self.mask = attention_mask
-        self.cache = None  # taken from the target's prefill (take_prefill): no second prefill
-        # Drafts the target accepted but this drafter's cache has not seen yet, per row.
-        self.unfed = [[] for _ in range(input_ids.shape[0])]
-        self.steps = 1  # the shared prefill counts as the drafter's first step, as for other drafters
-
-    def take_prefill(self, target, cache) -> None:
-        """The loop hands over the target and its cache after the prompt; this drafter keeps a copy."""
+    def start(self, input_ids, attention_mask, target=None, cache=None) -> None:
+        """After the loop's prefill: keep a copy of the target's cache (no second prefill)."""
         import copy
 
         if target is not self.model:
             raise ValueError("drafter: these look-ahead embeddings were made for another model than the target; "
                              "PaSS drafts with the target itself")
-        self.cache = copy.deepcopy(cache)
+        self.mask, self.cache = attention_mask, copy.deepcopy(cache)
+        # Drafts the target accepted but this drafter's cache has not seen yet, per row.
+        self.unfed = [[] for _ in range(input_ids.shape[0])]
+        self.steps = 1  # the shared prefill counts as the drafter's first step, as for other drafters
 
     @torch.inference_mode()
     def propose(self, next_tokens, gamma, config: SamplingConfig, generator=None):
@@ -114,22 +115,20 @@ class LookaheadEmbeddings(torch.nn.Module):
         new_mask = torch.zeros_like(feed)
         for b, (u, t) in enumerate(zip(self.unfed, next_tokens.tolist())):
             # Accepted drafts first, then padding (masked out), then the pending token last.
-            feed[b, : len(u)], new_mask[b, : len(u)] = torch.tensor(u, dtype=torch.long), 1
+            feed[b, : len(u)], new_mask[b, : len(u)] = torch.tensor(u, dtype=torch.long, device=feed.device), 1
             feed[b, -1], new_mask[b, -1] = t, 1
         embeds = self.model.model.embed_tokens(feed)
         looks = self.inputs(g - 1)[None].expand(len(feed), -1, -1)
         mask = torch.cat([self.mask, new_mask, new_mask.new_ones(len(feed), g - 1)], dim=1)
         positions = (mask.cumsum(dim=-1) - 1).clamp_min(0)[:, -(width + g - 1):]
-        out = self.model(inputs_embeds=torch.cat([embeds, looks], dim=1), attention_mask=mask,
-                         position_ids=positions, past_key_values=self.cache, use_cache=True, logits_to_keep=g)
+        step = forward(self.model, inputs_embeds=torch.cat([embeds, looks], dim=1), attention_mask=mask,
+                       position_ids=positions, cache=self.cache, logits_to_keep=g)
         self.steps += 1
-        self.cache = out.past_key_values
-        if g > 1:  # the look-ahead entries never stay in the cache
-            self.cache.crop(-(g - 1))
+        self.cache = step.cache  # the look-ahead entries never stay in the cache:
+        crop_cache(self.cache, self.cache.get_seq_length() - (g - 1))
         self.mask = mask[:, : mask.shape[1] - (g - 1)]
-        tokens, q = _draw(out.logits.float(), config, generator)
-        self.proposed = tokens
-        return tokens, q
+        self.proposed, q = draw(step.logits, config, generator)
+        return self.proposed, q
 
     def rollback(self, num_accepted: torch.Tensor) -> None:
         self.unfed = [self.proposed[b, :n].tolist() for b, n in enumerate(num_accepted.tolist())]
@@ -138,22 +137,6 @@ class LookaheadEmbeddings(torch.nn.Module):
         self.cache.batch_select_indices(keep)
         self.mask = self.mask[keep]
         self.unfed = [self.unfed[i] for i in keep.tolist()]
-
-
-def _draw(logits: torch.Tensor, config: SamplingConfig, generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per position from logits ``[B, g, V]`` and the distribution it came from:
-    the argmax with a one-hot ``q`` at T = 0, else a sample of the processed distribution."""
-    if config.temperature == 0:
-        tokens = logits.argmax(dim=-1)
-        return tokens, F.one_hot(tokens, logits.shape[-1]).float()
-    processed = process_logits(logits, config)
-    return sample(processed, 1.0, generator), softmax(processed)
-
-
-def _check_model(model):
-    if not (hasattr(model, "model") and hasattr(model, "lm_head") and hasattr(model.model, "embed_tokens")):
-        raise ValueError("model must be a Hugging Face causal LM with .model (its body), .model.embed_tokens and "
-                         ".lm_head, such as the SmolLM2 model of ll.load()")
 
 
 def _check_lookahead(lookahead, model):
@@ -173,7 +156,7 @@ def save_lookahead(lookahead: LookaheadEmbeddings, path: str | Path, losses=None
 
     state = {"vectors": lookahead.vectors.detach().float().cpu().contiguous()}
     if losses is not None:
-        state["losses"] = torch.tensor(losses, dtype=torch.float32).contiguous()
+        state["losses"] = torch.tensor(losses, dtype=torch.float32, device="cpu").contiguous()
     save_file(state, str(path))
 
 
@@ -192,7 +175,7 @@ def load_lookahead(model, path: str | Path, k: int | None = None) -> LookaheadEm
     ``l_1 .. l_{i-1}``, so the later vectors never change what the earlier ones predict."""
     from safetensors.torch import load_file
 
-    _check_model(model)
+    check_body_and_head(model, "model")
     vectors = load_file(str(path))["vectors"]
     size = model.model.embed_tokens.weight.shape[1]
     if vectors.dim() != 2 or vectors.shape[1] != size:
@@ -239,23 +222,18 @@ def single_call_forward(target, lookahead: LookaheadEmbeddings, cache, pending, 
     tree mask, so that each input sees the cache and its own ancestors only. Returns the cache
     (holding every input now) and the last hidden states ``[n, H]`` in layout order."""
     parents = single_call_layout(len(drafts), groups)
-    length = cache.get_seq_length()
-    device = target.model.embed_tokens.weight.device
-    allowed = torch.ones(len(parents), length + len(parents), dtype=torch.bool)
-    allowed[:, length:] = tree_attention_mask(parents)
     chain = target.model.embed_tokens(torch.cat([pending.reshape(1), drafts]))
     looks = [lookahead.inputs(size) for _, size in sorted(groups.items())]
-    out = target.model(inputs_embeds=torch.cat([chain, *looks])[None],
-                       attention_mask=_additive_mask(allowed, target).to(device)[None, None],
-                       position_ids=tree_position_ids(parents, length)[None].to(device),
-                       past_key_values=cache, use_cache=True)
-    return out.past_key_values, out.last_hidden_state[0]
+    step = masked_forward(target, cache, tree_attention_mask(parents),
+                          tree_position_ids(parents, cache.get_seq_length()),
+                          inputs_embeds=torch.cat([chain, *looks]), hidden=True, scores=False)
+    return step.cache, step.hidden
 
 
 @torch.inference_mode()
 def pass_generate(target, lookahead: LookaheadEmbeddings, input_ids, *, max_new_tokens: int,
                   temperature: float = 0.0, prefixes: str = "all", eos_token_id=None, tokenizer=None,
-                  generator: torch.Generator | None = None):
+                  generator: torch.Generator | None = None) -> SpeculativeResult:
     """Generate one sequence with PaSS in **one** target call per iteration.
 
     A call holds the pending token, the current drafts ``d_1 .. d_m`` and look-ahead slots: after
@@ -264,105 +242,102 @@ def pass_generate(target, lookahead: LookaheadEmbeddings, input_ids, *, max_new_
     verification to stop). The drafts are verified with ``logitlab.speculative``'s rule
     (rejection sampling; greedy matching at T = 0); the slots after the kept prefix give the next
     drafts, if that prefix had slots, else the next call has none. Returns a
-    ``SpeculativeResult`` (one row; ``target_calls`` counts every pass, the prefill included).
+    ``SpeculativeResult`` (one row; ``model_calls`` counts every pass, the prefill included).
     """
-    from .generate import _check_counts
-    from .speculative import RejectionSampling, SpeculativeResult, _choose, _eos_ids, _finished, _prompt_batch
-
-    start_time = time.perf_counter()
-    _check_model(target)
+    check_body_and_head(target)
     _check_lookahead(lookahead, target)
     if prefixes not in ("all", "likely"):
         raise ValueError(f"prefixes must be 'all' or 'likely', got {prefixes!r}")
-    _check_counts(max_new_tokens, 0, 1)
+    max_new_tokens = check_counts(max_new_tokens)[0]
     config = SamplingConfig(temperature=temperature)
-    eos = _eos_ids(eos_token_id, target)
-    device = target.model.embed_tokens.weight.device
+    eos = eos_ids(eos_token_id, target)
+    device = model_device(target)
     check_generator(generator, device)
-    ids, _ = _prompt_batch(input_ids, None, tokenizer, device)
+    ids, _ = prompt_batch(input_ids, None, tokenizer, target)
     if ids.shape[0] != 1:
         raise ValueError(f"input_ids must be one prompt, got {ids.shape[0]}")
-    embed, rule, k = target.model.embed_tokens, RejectionSampling(), lookahead.k  # logitlab.speculative's rule
+    began, out = now(device), Outputs(1, eos, max_new_tokens)
+    state = _SingleCall(target, lookahead, config, generator, prefixes)
+    state.prefill(ids, min(lookahead.k, max_new_tokens - 1), out)
+    stats = dict(model_calls=1, accepted=[], drafted=[], verify_seconds=0.0, step_seconds=[],
+                 prefill_seconds=now(device) - began)
+    while not out.finished([0])[0]:
+        t0 = now(device)
+        num, m = state.call(max_new_tokens - len(out.tokens[0]), out)
+        seconds = now(device) - t0
+        stats["model_calls"] += 1
+        stats["accepted"].append([num])
+        stats["drafted"].append(m)
+        stats["verify_seconds"] += seconds
+        stats["step_seconds"].append(seconds)
+    return out.result([ids[0]], [0], tokenizer, device, seconds=now(device) - began, **stats)
 
-    # Prefill: the prompt and k slots; the prompt's last position gives the first token.
-    slots = min(k, max_new_tokens - 1)
-    out = target.model(inputs_embeds=torch.cat([embed(ids[0]), lookahead.inputs(slots)])[None], use_cache=True)
-    cache, hidden = out.past_key_values, out.last_hidden_state[0]
-    logits = target.lm_head(hidden[ids.shape[1] - 1:]).float()  # [1 + slots, V]
-    pending = _choose(logits[:1], config, generator)[0]
-    if slots:
-        drafts, q = _draw(logits[None, 1:], config, generator)
-        drafts, q = drafts[0], q[0]
-        conf = _confidence(logits[1:], drafts, config)
-    else:  # one token asked for: nothing to draft
-        drafts, q, conf = torch.zeros(0, dtype=torch.long, device=device), None, torch.zeros(0)
-    _crop_to(cache, ids.shape[1])
-    output, reasons = [int(pending)], ["length"]
-    result = SpeculativeResult([], [], reasons, None, [0], target_calls=1)
-    only_row = torch.zeros(1, dtype=torch.long)
 
-    while not _finished([output], only_row, eos, max_new_tokens, reasons).item():
-        left = max_new_tokens - len(output)
-        m = min(len(drafts), left - 1)  # a call yields its accepted drafts and one more token
-        drafts, conf = drafts[:m], conf[:m]
-        q = q[:m] if m else None
+class _SingleCall:
+    """The state of ``pass_generate`` between calls: the target's cache, the pending token, the
+    current drafts with the distributions they came from, and the drafts' own probabilities."""
+
+    def __init__(self, target, lookahead, config, generator, prefixes):
+        self.target, self.lookahead, self.config, self.generator = target, lookahead, config, generator
+        self.prefixes, self.rule = prefixes, RejectionSampling()  # logitlab.speculative's rule
+
+    def prefill(self, ids, slots: int, out: Outputs) -> None:
+        """The prompt and ``slots`` look-ahead slots in one pass: the prompt's last position gives
+        the first token, the slots the first drafts."""
+        embed = self.target.model.embed_tokens
+        step = forward(self.target, inputs_embeds=torch.cat([embed(ids[0]), self.lookahead.inputs(slots)])[None],
+                       logits_to_keep=1 + slots)
+        self.cache, logits = step.cache, step.logits[0]  # [1 + slots, V]
+        self.pending = self.rule.first_token(logits[:1], self.config, self.generator)[0]
+        out.add([0], self.pending.reshape(1, 1), logits[None, :1], self._probs(logits[None, :1]), [1])
+        self._new_drafts(logits[1:])
+        crop_cache(self.cache, ids.shape[1])
+
+    def call(self, left: int, out: Outputs) -> tuple[int, int]:
+        """One pass: verify the drafts and draft after the kept prefix. Returns (drafts kept, drafts)."""
+        m = min(len(self.drafts), left - 1)  # a call yields its accepted drafts and one more token
+        drafts, q, conf = self.drafts[:m], self.q[:m], self.conf[:m]
         # Slots after prefix j: the next call's drafts, no more than it could still use.
-        wanted = range(m + 1) if prefixes == "all" else [_likely_stop(conf)]
-        groups = {j: min(k, left - j - 2) for j in wanted if left - j - 2 > 0}
-        t0 = time.perf_counter()
-        length = cache.get_seq_length()
-        cache, hidden = single_call_forward(target, lookahead, cache, pending, drafts, groups)
-        result.target_calls += 1
-
+        wanted = range(m + 1) if self.prefixes == "all" else [_likely_stop(conf)]
+        groups = {j: min(self.lookahead.k, left - j - 2) for j in wanted if left - j - 2 > 0}
+        length = self.cache.get_seq_length()
+        self.cache, hidden = single_call_forward(self.target, self.lookahead, self.cache, self.pending, drafts, groups)
         # Verify with the loop's rule; only the chain and the kept prefix's slots need logits.
-        chain_logits = target.lm_head(hidden[: m + 1]).float()
+        chain = self.target.lm_head(hidden[: m + 1]).float()
+        p = self._probs(chain)
         if m == 0:
-            num, nxt = 0, _choose(chain_logits[:1], config, generator)[0]
+            num, nxt = 0, self.rule.first_token(chain[:1], self.config, self.generator)[0]
         else:
-            p = softmax(process_logits(chain_logits, config))[None] if temperature > 0 else None
-            num, nxt = rule(drafts[None], q[None], p, chain_logits[None], config, generator)
+            num, nxt = self.rule(drafts[None], q[None], None if p is None else p[None], chain[None], self.config,
+                                 self.generator)
             num, nxt = int(num[0]), nxt[0]
-        result.accepted.append([num])
-        result.drafted.append(m)
-        output += drafts[:num].tolist() + [int(nxt)]
-        _crop_to(cache, length + num + 1)  # the chain comes first: keep the pending token and the kept drafts
+        emitted = torch.cat([drafts[:num], nxt.reshape(1)])
+        out.add([0], emitted[None], chain[None, : num + 1], None if p is None else p[None, : num + 1],
+                [num + 1])
+        crop_cache(self.cache, length + num + 1)  # the chain comes first: keep the pending token and the kept drafts
+        start = m + 1 + sum(size for j, size in groups.items() if j < num)
+        # Verification stopped where no slots were placed: the next call drafts only.
+        self._new_drafts(self.target.lm_head(hidden[start: start + groups.get(num, 0)]).float())
+        self.pending = nxt
+        return num, m
 
-        if num in groups:
-            start = m + 1 + sum(size for j, size in groups.items() if j < num)
-            slot_logits = target.lm_head(hidden[start: start + groups[num]]).float()
-            drafts, q = _draw(slot_logits[None], config, generator)
-            drafts, q = drafts[0], q[0]
-            conf = _confidence(slot_logits, drafts, config)
-        else:  # verification stopped where no slots were placed: the next call drafts only
-            drafts, q, conf = torch.zeros(0, dtype=torch.long, device=device), None, torch.zeros(0)
-        pending = nxt
-        result.verify_seconds += time.perf_counter() - t0
+    def _new_drafts(self, logits) -> None:
+        """Drafts from the slots' logits ``[s, V]`` (none when s = 0), with their q and confidence."""
+        if len(logits) == 0:
+            self.drafts = torch.zeros(0, dtype=torch.long, device=logits.device)
+            self.q, self.conf = logits[:, :0], []
+            return
+        self.drafts, self.q = draw(logits, self.config, self.generator)
+        # The drafter's own probability of each draft (at T = 0 under its T = 1 distribution): a
+        # guess of how likely each is to be kept, used only to place the slots.
+        probs = softmax(process_logits(logits, self.config) if self.config.temperature > 0 else logits)
+        self.conf = probs.gather(-1, self.drafts[:, None]).squeeze(-1).tolist()
 
-    new = torch.tensor(output, dtype=torch.long, device=device)
-    result.new_tokens, result.sequences = [new], [torch.cat([ids[0], new])]
-    if tokenizer is not None:
-        result.texts = [tokenizer.decode(output, skip_special_tokens=True)]
-    result.seconds = time.perf_counter() - start_time
-    return result
-
-
-def _crop_to(cache, length: int) -> None:
-    """Keep the first ``length`` entries of a Hugging Face cache (its ``crop`` takes what to drop)."""
-    drop = cache.get_seq_length() - length
-    if drop > 0:  # nothing to drop: no call at all
-        cache.crop(-drop)
+    def _probs(self, logits):
+        return None if self.config.temperature == 0 else softmax(process_logits(logits, self.config))
 
 
-def _confidence(logits: torch.Tensor, drafts: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
-    """The drafter's own probability of each draft (at T = 0, under its T = 1 distribution):
-    a guess of how likely each draft is to be kept, used only to place the slots."""
-    if len(drafts) == 0:
-        return torch.zeros(0)
-    probs = softmax(process_logits(logits, config) if config.temperature > 0 else logits)
-    return probs.gather(-1, drafts[:, None]).squeeze(-1).double().cpu()
-
-
-def _likely_stop(conf: torch.Tensor) -> int:
+def _likely_stop(conf: list[float]) -> int:
     """The prefix length j most likely to be kept if draft i passes with probability ``conf[i]``,
     independently: P(keep exactly j) = conf_1 ... conf_j (1 - conf_{j+1})."""
     best, best_p, run = 0, -1.0, 1.0
@@ -414,9 +389,9 @@ def lookahead_losses(lookahead: LookaheadEmbeddings, rows, groups: int, rng: ran
         starts = [rng.randint(start - 1, last) for _ in range(groups)]
         tokens_in.append(torch.cat([tokens, tokens.new_zeros(width - len(tokens))]))  # right padding: never seen
         parents = training_layout(width, starts, k)
-        masks.append(_additive_mask(tree_attention_mask(parents)[width:], model))  # the slots' rows
+        masks.append(additive_mask(tree_attention_mask(parents)[width:], model))  # the slots' rows
         positions.append(tree_position_ids(parents)[width:])
-        rel = torch.tensor([[t + i - (start - 1) for i in range(1, k + 1)] for t in starts])  # [groups, k]
+        rel = torch.tensor([[t + i - (start - 1) for i in range(1, k + 1)] for t in starts], device="cpu")  # [groups, k]
         targets_v.append(topv[rel].float())
         targets_i.append(topi[rel].long())
     with torch.no_grad():
@@ -475,7 +450,7 @@ def train_lookahead(model, k: int, data, steps: int, lr: float = 0.01, batch: in
     ``losses[s]`` is step s's KL per slot (a list of ``k`` floats), for the loss curve. Adam,
     short warm-up, cosine decay. A progress bar shows the loss unless ``progress=False``.
     """
-    _check_model(model)
+    check_body_and_head(model, "model")
     for name, v, lo in (("steps", steps, 1), ("batch", batch, 1), ("groups", groups, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
@@ -536,7 +511,7 @@ def slot_accuracy(lookahead: LookaheadEmbeddings, rows, groups: int = 16, seed: 
     earlier draft were right)."""
     rng = random.Random(seed)
     model, k = lookahead.model, lookahead.k
-    hits, total = torch.zeros(k), 0
+    hits, total = torch.zeros(k, device="cpu"), 0
     device = model.model.embed_tokens.weight.device
     for row in rows:
         tokens, start, topv, topi = row
@@ -545,11 +520,11 @@ def slot_accuracy(lookahead: LookaheadEmbeddings, rows, groups: int = 16, seed: 
         starts = [rng.randint(start - 1, len(tokens) - 2 - k) for _ in range(groups)]
         parents = training_layout(len(tokens), starts, k)
         inputs = torch.cat([model.model.embed_tokens(tokens.to(device)), lookahead.inputs().repeat(groups, 1)])
-        mask = _additive_mask(tree_attention_mask(parents), model)[None, None].to(device)
+        mask = additive_mask(tree_attention_mask(parents), model)[None, None].to(device)
         hidden = model.model(inputs_embeds=inputs[None], attention_mask=mask,
                              position_ids=tree_position_ids(parents)[None].to(device)).last_hidden_state[0]
         guess = model.lm_head(hidden[len(tokens):]).argmax(-1).view(groups, k).cpu()
-        rel = torch.tensor([[t + i - (start - 1) for i in range(1, k + 1)] for t in starts])
+        rel = torch.tensor([[t + i - (start - 1) for i in range(1, k + 1)] for t in starts], device="cpu")
         hits += (guess == topi[rel][..., 0].long()).float().sum(0)
         total += groups
     return (hits / total).tolist()

@@ -11,7 +11,7 @@ products, no transformer layer at all.
 
 The output layer is SmolLM2's tied embedding, which the heads share (only the blocks are
 trained and shipped). As for the draft model of chapter 6, they score only the 2048 tokens the
-target uses most (``logitlab.train_draft.SubsetHead``), which keeps a draft cheap.
+target uses most (``logitlab.drafters.SubsetHead``), which keeps a draft cheap.
 
 Two ways to verify the guesses, both here:
 
@@ -26,16 +26,19 @@ Two ways to verify the guesses, both here:
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import torch
 
 from ._validate import check_generator
+from .decoding import (check_body_and_head, check_counts, eos_ids, forward, keep_cache_positions, masked_forward,
+                       model_device, now, prompt_batch)
+from .drafters import SubsetHead
 from .probs import softmax
 from .sampling import SamplingConfig, process_logits
-from .train_draft import SubsetHead
-from .tree import _additive_mask, ancestors, tree_attention_mask, tree_position_ids
+from .speculative import GreedyMatching, Outputs, SpeculativeResult
+from .tree import ancestors, depths, tree_attention_mask, tree_position_ids
+from .typical_acceptance import TypicalAcceptance, typical_threshold
 
 # Written by ``python -m logitlab.train_medusa``: the heads' blocks in float16 and the ids of the
 # tokens their output layer scores (the output layer itself is the target's embedding).
@@ -72,7 +75,7 @@ class MedusaHeads(torch.nn.Module):
         self.vocab_size, hidden = embedding.shape
         self.num_heads = num_heads
         self.blocks = torch.nn.ModuleList(ResBlock(hidden) for _ in range(num_heads))
-        vocab = torch.arange(self.vocab_size) if vocab is None else vocab.long()
+        vocab = torch.arange(self.vocab_size, device=embedding.device) if vocab is None else vocab.long()
         self.output = SubsetHead(embedding, vocab)
 
     def states(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -99,7 +102,7 @@ def load_heads(target, path: str | Path | None = None) -> MedusaHeads:
     """Heads saved by ``save_heads`` (the shipped ones by default), built on ``target``'s embedding."""
     from safetensors.torch import load_file
 
-    _check_target(target)
+    check_body_and_head(target)
     state = load_file(str(PRETRAINED_HEADS if path is None else path))
     vocab = state.pop("vocab").long()
     weight = target.lm_head.weight
@@ -114,30 +117,12 @@ def load_heads(target, path: str | Path | None = None) -> MedusaHeads:
     return heads.to(device=weight.device, dtype=weight.dtype).eval()  # the target's device and dtype
 
 
-def _check_target(target):
-    if not (hasattr(target, "model") and hasattr(target, "lm_head") and hasattr(target.model, "embed_tokens")):
-        raise ValueError("target must be a Hugging Face causal LM with .model (its body) and .lm_head, "
-                         "such as the SmolLM2 model of ll.load(): the heads read the body's last hidden state")
-
-
 def _check_heads(heads, target):
     if not isinstance(heads, MedusaHeads):
         raise ValueError(f"heads must be MedusaHeads (see logitlab.medusa.load_heads), got {type(heads).__name__}")
     if heads.vocab_size != target.lm_head.weight.shape[0]:
         raise ValueError(f"heads score a vocabulary of {heads.vocab_size} tokens, the target "
                          f"{target.lm_head.weight.shape[0]}: they must be built on the target's output layer")
-
-
-def body_and_logits(target, logits_to_keep: int | None = None, **kwargs):
-    """One target pass split in two: the body's output (cache, last hidden states ``[B, n, H]``)
-    and the logits of the output layer on them (float32; on the last ``logits_to_keep``
-    positions only, if given). The heads need the hidden states, which the usual call does not
-    return. This assumes the model's logits are just ``lm_head(hidden)``, as for Llama models
-    such as SmolLM2 (no logit soft-capping or scaling after the output layer)."""
-    out = target.model(use_cache=True, **kwargs)
-    hidden = out.last_hidden_state
-    scored = hidden if logits_to_keep is None else hidden[:, -logits_to_keep:]
-    return out.past_key_values, hidden, target.lm_head(scored).float()
 
 
 # --- Tree verification -------------------------------------------------------------------------
@@ -163,7 +148,7 @@ def cartesian_tree(branching) -> list[int]:
 @torch.inference_mode()
 def medusa_generate(target, heads: MedusaHeads, input_ids, *, branching=(3, 2, 1), max_new_tokens: int,
                     temperature: float = 0.0, acceptance=None, eos_token_id=None, tokenizer=None,
-                    generator: torch.Generator | None = None):
+                    generator: torch.Generator | None = None) -> SpeculativeResult:
     """Generate one sequence with Medusa heads, verifying a tree of their guesses per target call.
 
     ``branching`` = (b_1, b_2, ...): the top b_1 tokens of head 1, under each the top b_2 of head
@@ -173,12 +158,55 @@ def medusa_generate(target, heads: MedusaHeads, input_ids, *, branching=(3, 2, 1
     accepted node wins (the first one in tree order on a tie) and the target's token after it
     is the next token. Returns a ``SpeculativeResult`` (one row).
     """
-    from .generate import _check_counts
-    from .speculative import SpeculativeResult, _eos_ids, _finished, _prompt_batch
-    from .typical_acceptance import TypicalAcceptance, typical_threshold
+    config, rule = _check_tree_arguments(target, heads, branching, temperature, acceptance)
+    max_new_tokens = check_counts(max_new_tokens)[0]
+    eos = eos_ids(eos_token_id, target)
+    device = model_device(target)
+    check_generator(generator, device)
+    ids, _ = prompt_batch(input_ids, None, tokenizer, target)
+    if ids.shape[0] != 1:
+        raise ValueError(f"input_ids must be one prompt for tree verification, got {ids.shape[0]}")
+    began, out = now(device), Outputs(1, eos, max_new_tokens)
+    step = forward(target, input_ids=ids, logits_to_keep=1, hidden=True)
+    cache, h = step.cache, step.hidden[0, -1]
+    pending = rule.first_token(step.logits[:, -1], config, generator)
+    out.add([0], pending[:, None], step.logits[:, -1:], _probs(step.logits[:, -1:], config), [1])
+    stats = dict(model_calls=1, accepted=[], drafted=[], draft_seconds=0.0, verify_seconds=0.0, step_seconds=[],
+                 prefill_seconds=now(device) - began)
 
-    start_time = time.perf_counter()
-    _check_target(target)
+    while not out.finished([0])[0]:
+        # No deeper than the tokens still needed: a call yields its accepted drafts and one more.
+        levels = branching[: max_new_tokens - len(out.tokens[0]) - 1]
+        t0 = now(device)
+        parents, tokens = _draft_tree(heads, h, pending, levels)  # 1. the heads' guesses as a tree
+        t1 = now(device)
+        length = cache.get_seq_length()  # 2. one pass over the whole tree
+        step = masked_forward(target, cache, tree_attention_mask(parents), tree_position_ids(parents, length),
+                              input_ids=tokens, hidden=True)
+        path, nxt = _accept_path(step.logits, parents, tokens, config, rule, generator)  # 3. the best path
+        # 4. Keep only the path's entries in the cache: the other branches were guesses that lost.
+        path_t = torch.tensor(path, device=device)
+        keep_cache_positions(step.cache, torch.cat([torch.arange(length, device=device), length + path_t]))
+        emitted = torch.cat([tokens[path_t[1:]], nxt])[None]
+        out.add([0], emitted, step.logits[path_t][None], _probs(step.logits[path_t][None], config),
+                [len(path)])
+        t2 = now(device)
+        stats["model_calls"] += 1
+        stats["accepted"].append([len(path) - 1])
+        stats["drafted"].append(len(levels))
+        stats["draft_seconds"] += t1 - t0
+        stats["verify_seconds"] += t2 - t1
+        stats["step_seconds"].append(t2 - t0)
+        cache, pending, h = step.cache, nxt, step.hidden[path[-1]]
+    # Head calls are counted like a draft model's steps (SpeculativeResult.draft_step_seconds):
+    # one for the prompt (the target's prefill gave the first hidden state), then one per call.
+    return out.result([ids[0]], [0], tokenizer, device, seconds=now(device) - began,
+                      drafter_steps=stats["model_calls"], **stats)
+
+
+def _check_tree_arguments(target, heads, branching, temperature, acceptance):
+    """The sampling config and the rule of a tree verification, after checking every argument."""
+    check_body_and_head(target)
     _check_heads(heads, target)
     if not branching:
         raise ValueError("branching must have at least one level, got ()")
@@ -188,104 +216,50 @@ def medusa_generate(target, heads: MedusaHeads, input_ids, *, branching=(3, 2, 1
     if max(branching) > len(heads.output.vocab):
         raise ValueError(f"branching asks for {max(branching)} guesses per head, but the heads score only "
                          f"{len(heads.output.vocab)} tokens")
-    _check_counts(max_new_tokens, 0, 1)
     config = SamplingConfig(temperature=temperature)
     if temperature > 0 and not isinstance(acceptance, TypicalAcceptance):
         raise ValueError("acceptance must be ll.TypicalAcceptance(...) when temperature > 0: a tree is verified "
                          "greedily (T = 0) or with typical acceptance; rejection sampling needs a chain")
-    eos = _eos_ids(eos_token_id, target)
-    device = target.model.embed_tokens.weight.device
-    check_generator(generator, device)
-    ids, mask = _prompt_batch(input_ids, None, tokenizer, device)
-    if ids.shape[0] != 1:
-        raise ValueError(f"input_ids must be one prompt for tree verification, got {ids.shape[0]}")
-
-    cache, hidden, logits = body_and_logits(target, logits_to_keep=1, input_ids=ids)
-    pending = _next(logits[0, -1], config, acceptance, generator)
-    h = hidden[0, -1]
-    output, reasons = [int(pending)], ["length"]
-    rows = [output]  # the one row, in the form the loop's helper _finished takes
-    result = SpeculativeResult([], [], reasons, None, [0], target_calls=1)
-    only_row = torch.zeros(1, dtype=torch.long)
-
-    while not _finished(rows, only_row, eos, max_new_tokens, reasons).item():
-        # No deeper than the tokens still needed: a call yields its accepted drafts and one more.
-        levels = branching[: max_new_tokens - len(output) - 1]
-        parents = cartesian_tree(levels)
-        n = len(parents)
-        depth = tree_position_ids(parents)  # 0 for the root (the pending token), k for head k's guesses
-
-        # 1. Draft: the top guesses of each head, placed in the tree.
-        t0 = time.perf_counter()
-        guesses = heads(h)  # [K, V]
-        tops = [guesses[d].topk(b).indices for d, b in enumerate(levels)]
-        tokens = torch.empty(n, dtype=torch.long, device=device)
-        tokens[0] = pending
-        rank = {}  # how many children each node has received so far: the child's rank in its head
-        for i in range(1, n):
-            r = rank.get(parents[i], 0)
-            rank[parents[i]] = r + 1
-            # The (r + 1)-th most likely token of this depth's head (the heads ignore the path).
-            tokens[i] = tops[depth[i] - 1][r]
-        t1 = time.perf_counter()
-
-        # 2. One pass over the whole tree: each node sees the sequence so far and its ancestors.
-        length = cache.get_seq_length()
-        allowed = torch.ones(n, length + n, dtype=torch.bool)
-        allowed[:, length:] = tree_attention_mask(parents)
-        cache, hidden, logits = body_and_logits(
-            target, input_ids=tokens[None], attention_mask=_additive_mask(allowed, target).to(device)[None, None],
-            position_ids=(depth + length)[None].to(device), past_key_values=cache)
-        logits, hidden = logits[0], hidden[0]  # [n, V], [n, H]
-        result.target_calls += 1
-
-        # 3. Which nodes pass, each judged by its parent's distribution; a node counts only if its
-        #    parent does (parents come before their children in the list).
-        ok = [True] + [False] * (n - 1)
-        if n > 1:
-            pa = torch.tensor(parents[1:])
-            if temperature == 0:
-                passes = logits[pa].argmax(-1) == tokens[1:]
-            else:
-                p = softmax(process_logits(logits[pa], config))
-                bar = typical_threshold(p, acceptance.epsilon, acceptance.delta)
-                passes = p.gather(-1, tokens[1:, None]).squeeze(-1).double() > bar
-            for i in range(1, n):
-                ok[i] = ok[parents[i]] and bool(passes[i - 1])
-        best = 0  # the deepest accepted node; on a tie the first in the list
-        for i in range(1, n):
-            if ok[i] and depth[i] > depth[best]:
-                best = i
-        path = ancestors(parents, best)  # root first
-        nxt = _next(logits[best], config, acceptance, generator)
-
-        # 4. Keep only the path's entries in the cache: the other branches were guesses that lost.
-        #    (Each layer of a transformers DynamicCache holds keys and values [B, heads, seq, dim].)
-        keep = torch.cat([torch.arange(length), length + torch.tensor(path)]).to(device)
-        for layer in cache.layers:
-            layer.keys, layer.values = layer.keys.index_select(2, keep), layer.values.index_select(2, keep)
-        result.verify_seconds += time.perf_counter() - t1
-        result.draft_seconds += t1 - t0
-        result.accepted.append([len(path) - 1])
-        result.drafted.append(len(levels))
-        output += tokens[path[1:]].tolist() + [int(nxt)]
-        pending, h = nxt, hidden[best]
-
-    new = torch.tensor(output, dtype=torch.long, device=device)
-    result.new_tokens = [new]
-    result.sequences = [torch.cat([ids[0], new])]
-    if tokenizer is not None:
-        result.texts = [tokenizer.decode(output, skip_special_tokens=True)]
-    # Counted like a draft model's steps (see SpeculativeResult.draft_step_seconds): one for the
-    # prompt, here the target's prefill that gave the first hidden state, then one per head call.
-    result.drafter_steps = result.target_calls
-    result.seconds = time.perf_counter() - start_time
-    return result
+    return config, GreedyMatching() if temperature == 0 else acceptance
 
 
-def _next(logits, config, acceptance, generator) -> torch.Tensor:
-    """The target's token after the accepted path (``logits`` ``[V]``): its argmax at T = 0,
-    otherwise the typical rule's choice (its argmax, or a sample of p)."""
-    if config.temperature == 0:
-        return logits.argmax(-1)
-    return acceptance.next_from(softmax(process_logits(logits[None], config)), generator)[0]
+def _draft_tree(heads, h, pending, levels):
+    """The tree's parents and tokens: the pending token as the root, then the top guesses of
+    each head, placed level by level (the heads ignore the path: siblings' subtrees are alike)."""
+    parents = cartesian_tree(levels)
+    depth = depths(parents)  # 1 for the root (the pending token), k + 1 for head k's guesses
+    guesses = heads(h)  # [K, V]
+    tops = [guesses[d].topk(b).indices.tolist() for d, b in enumerate(levels)]
+    tokens, rank = [int(pending)], {}  # rank: how many children each node has received so far
+    for i in range(1, len(parents)):
+        r = rank.get(parents[i], 0)
+        rank[parents[i]] = r + 1
+        tokens.append(tops[depth[i] - 2][r])  # the (r + 1)-th most likely token of this depth's head
+    return parents, torch.tensor(tokens, dtype=torch.long, device=h.device)
+
+
+def _accept_path(logits, parents, tokens, config, rule, generator):
+    """Which nodes pass, each judged by its parent's distribution (a node counts only if its parent
+    does); returns the root-to-deepest-accepted-node path (the first in list order on a tie) and
+    the target's next token after it ``[1]``."""
+    n = len(parents)
+    ok = [True] + [False] * (n - 1)
+    if n > 1:
+        pa = torch.tensor(parents[1:], device=logits.device)
+        if config.temperature == 0:
+            passes = logits[pa].argmax(-1) == tokens[1:]
+        else:
+            p = softmax(process_logits(logits[pa], config))
+            bar = typical_threshold(p, rule.epsilon, rule.delta)
+            passes = p.gather(-1, tokens[1:, None]).squeeze(-1).to(bar.dtype) > bar
+        passes = passes.tolist()
+        for i in range(1, n):  # parents come before their children in the list
+            ok[i] = ok[parents[i]] and passes[i - 1]
+    depth = depths(parents)
+    best = max((i for i in range(n) if ok[i]), key=lambda i: (depth[i], -i))
+    return ancestors(parents, best), rule.first_token(logits[best][None], config, generator)
+
+
+def _probs(logits, config):
+    """The target's processed probabilities (None at temperature 0), for the tokens' log-probs."""
+    return None if config.temperature == 0 else softmax(process_logits(logits, config))

@@ -22,6 +22,7 @@ import torch
 from transformers import LogitsProcessor
 
 from ._validate import check_logits
+from .devices import exact_dtype
 
 _NEG_INF = float("-inf")
 # top_p decides a row among this many most likely tokens, else among more, else sorts it all;
@@ -309,4 +310,4 @@ def _check_int(value, name: str, minimum: int) -> int:
 
 def _accumulator(t: torch.Tensor) -> torch.dtype:
     """float64 for sums that must not lose bits; MPS has no float64."""
-    return torch.float32 if t.device.type == "mps" else torch.float64
+    return exact_dtype(t.device)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ._validate import check_generator, check_logits, check_temperature
+from .devices import exact_dtype
 from . import penalties
 from . import processors as rules
 from .probs import apply_temperature
@@ -52,7 +53,7 @@ def sample(
     weights = torch.exp(scaled - scaled.amax(dim=-1, keepdim=True))
     # The cumulative sum runs in float64, where adding 49,152 terms keeps even the rarest
     # tokens' intervals (float32 would blur those below about 1e-7). MPS has no float64.
-    dtype = torch.float32 if weights.device.type == "mps" else torch.float64
+    dtype = exact_dtype(weights.device)
     cumulative = weights.to(dtype).cumsum(dim=-1)
     u = torch.rand(weights.shape[:-1] + (1,), generator=generator, device=weights.device, dtype=dtype)
     return inverse_transform(cumulative, u * cumulative[..., -1:])

@@ -30,15 +30,18 @@ The theory lives here too: ``acceptance_rate(p, q)``, ``expected_tokens(alpha, g
 
 from __future__ import annotations
 
-import time
+import numbers
 from dataclasses import dataclass, field
 
 import torch
 
 from ._validate import check_generator, check_probs
-from .generate import _eos_ids, _model_device, _prompt_batch
+from .decoding import (GenerationResult, check_body_and_head, check_counts, check_model, choose, crop_cache,
+                       decode_texts, eos_ids, exact_dtype, forward, model_device, now, prompt_batch,
+                       token_logprobs, vocab_size)
+from .drafter import check_drafter
 from .probs import softmax
-from .sampling import SamplingConfig, inverse_transform, process_logits, sample
+from .sampling import SamplingConfig, inverse_transform, process_logits
 
 
 # --- Theory ------------------------------------------------------------------------------------
@@ -111,18 +114,19 @@ def verify(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
     """
     batch, g = _check_verify_shapes(draft_tokens, q, p)
     check_generator(generator, p.device)
-    p_draft = p[:, :g].gather(-1, draft_tokens[..., None]).squeeze(-1).double()  # p_i(d_i)
-    q_draft = q.gather(-1, draft_tokens[..., None]).squeeze(-1).double()  # q_i(d_i)
-    u = torch.rand(batch, g, generator=generator, device=p.device, dtype=torch.float64)
+    exact = exact_dtype(p.device)  # float64 where the device has it
+    p_draft = p[:, :g].gather(-1, draft_tokens[..., None]).squeeze(-1).to(exact)  # p_i(d_i)
+    q_draft = q.gather(-1, draft_tokens[..., None]).squeeze(-1).to(exact)  # q_i(d_i)
+    u = torch.rand(batch, g, generator=generator, device=p.device, dtype=exact)
     # Accept with probability min(1, p/q): u < p/q, written without dividing by q.
     accepted = u * q_draft < p_draft
     num = accepted.long().cumprod(dim=-1).sum(dim=-1)  # drafts accepted before the first rejection
 
     rows = torch.arange(batch, device=p.device)
-    target = p[rows, num].double()  # p at the first rejected position (or the bonus position)
+    target = p[rows, num].to(exact)  # p at the first rejected position (or the bonus position)
     rejected = num < g
     draft_q = torch.zeros_like(target)
-    draft_q[rejected] = q[rows[rejected], num[rejected]].double()
+    draft_q[rejected] = q[rows[rejected], num[rejected]].to(exact)
     residual = (target - draft_q).clamp_min(0)  # all of p when every draft was accepted
     # A residual of zero mass means p = q at that position, where rejection has probability 0;
     # rounding can still get there, and then p itself is the right distribution.
@@ -131,7 +135,7 @@ def verify(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
     # Draw from the (unnormalised) residual by inverse transform, as ll.sample does: the total
     # of the cumulative sum is the normaliser, so the residual is never divided by it.
     cumulative = residual.cumsum(dim=-1)
-    u = torch.rand(batch, 1, generator=generator, device=p.device, dtype=torch.float64)
+    u = torch.rand(batch, 1, generator=generator, device=p.device, dtype=exact)
     next_token = inverse_transform(cumulative, u * cumulative[:, -1:])
     return num, next_token
 
@@ -146,10 +150,21 @@ def greedy_verify(draft_tokens: torch.Tensor, p: torch.Tensor) -> tuple[torch.Te
     return num, best.gather(-1, num[:, None]).squeeze(-1)
 
 
-class RejectionSampling:
-    """The acceptance rule of speculative sampling: exact at every temperature."""
+class AcceptanceRule:
+    """How the loop decides which drafts to keep: ``rule(draft_tokens, q, p, target_logits, config,
+    generator) -> (num_accepted [B], next_token [B])``, with ``p`` the target's processed
+    probabilities ``[B, g + 1, V]`` (None at temperature 0) and ``target_logits`` its raw logits.
+    ``first_token`` chooses the target's token after an empty prefix (the first new token)."""
 
-    name = "rejection"
+    def __call__(self, draft_tokens, q, p, target_logits, config, generator):
+        raise NotImplementedError
+
+    def first_token(self, logits: torch.Tensor, config: SamplingConfig, generator=None) -> torch.Tensor:
+        return choose(logits, config, generator)
+
+
+class RejectionSampling(AcceptanceRule):
+    """The acceptance rule of speculative sampling: exact at every temperature."""
 
     def __call__(self, draft_tokens, q, p, target_logits, config, generator):
         if config.temperature == 0:
@@ -157,10 +172,8 @@ class RejectionSampling:
         return verify(draft_tokens, q, p, generator)
 
 
-class GreedyMatching:
+class GreedyMatching(AcceptanceRule):
     """Accept drafts while they equal the target's most likely token (exact at temperature 0)."""
-
-    name = "greedy"
 
     def __call__(self, draft_tokens, q, p, target_logits, config, generator):
         return greedy_verify(draft_tokens, target_logits)
@@ -187,20 +200,15 @@ def _check_verify_shapes(draft_tokens, q, p):
 # --- The loop ----------------------------------------------------------------------------------
 
 
-@dataclass
-class SpeculativeResult:
-    """What ``speculative_generate`` returns; the first fields are those of ``GenerationResult``."""
+@dataclass(kw_only=True)
+class SpeculativeResult(GenerationResult):
+    """What the speculative loops return: a ``GenerationResult`` (``model_calls`` counts the
+    target's passes, the prefill included; ``step_seconds`` holds each call) and the acceptance
+    statistics. ``logprobs`` are under the target's processed distribution ``p``."""
 
-    sequences: list[torch.Tensor]  # prompt (without padding) followed by the new tokens
-    new_tokens: list[torch.Tensor]
-    finish_reasons: list[str]  # "eos" or "length"
-    texts: list[str] | None
-    prompt_index: list[int]
-    target_calls: int = 0  # forward passes of the target, the prefill included
-    drafter_steps: int = 0  # forward passes of the draft model (0 for a drafter without one)
+    drafter_steps: int = 0  # forward passes of the drafter's own model (0 for a drafter without one)
     accepted: list[list[int]] = field(default_factory=list)  # per call: drafts accepted, per active row
     drafted: list[int] = field(default_factory=list)  # per call: drafts proposed per row (g)
-    seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
 
@@ -232,7 +240,7 @@ class SpeculativeResult:
     def verify_call_seconds(self) -> float:
         """Mean wall time of one verification call (the target's pass over the pending token and
         the drafts, and the acceptance rule). Divided by a decode step's time, this is ``v``."""
-        calls = self.target_calls - 1  # the prefill is not a verification
+        calls = self.model_calls - 1  # the prefill is not a verification
         return self.verify_seconds / calls if calls > 0 else 0.0
 
     def acceptance_counts(self, positions: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -240,7 +248,7 @@ class SpeculativeResult:
         reached it (all drafts before it kept); counts, so that several runs can be pooled.
         ``positions`` fixes the length (default: the most drafts of any call)."""
         g = max(self.drafted, default=0) if positions is None else positions
-        reached, kept = torch.zeros(g), torch.zeros(g)
+        reached, kept = torch.zeros(g, device="cpu"), torch.zeros(g, device="cpu")  # counts: host-side statistics
         for nums, gi in zip(self.accepted, self.drafted):
             for n in nums:
                 reached[: min(n + 1, gi)] += 1
@@ -251,6 +259,98 @@ class SpeculativeResult:
         """For each draft position i, the share of calls that reached it and accepted it."""
         kept, reached = self.acceptance_counts()
         return kept / reached.clamp_min(1)
+
+
+class Outputs:
+    """The new tokens of each row of a speculative loop and their log-probabilities, cut at the
+    first end-of-sequence token or at ``max_new_tokens``. Shared by every speculative loop."""
+
+    def __init__(self, rows: int, eos: list[int], max_new_tokens: int):
+        self.tokens, self.raw, self.sampled = ([[] for _ in range(rows)] for _ in range(3))
+        self.reasons = ["length"] * rows
+        self.eos, self.max_new_tokens = set(eos), max_new_tokens
+
+    def add(self, rows: list[int], tokens, logits, p, counts: list[int]) -> None:
+        """Row ``rows[i]`` gets ``tokens[i, :counts[i]]``; ``logits`` ``[B, m, V]`` are the target's
+        raw logits there and ``p`` its processed probabilities (None at T = 0: log-prob 0)."""
+        raw = token_logprobs(logits, tokens)
+        sampled = torch.zeros_like(raw) if p is None else torch.log(p.gather(-1, tokens[..., None]).squeeze(-1))
+        for r, toks, lr, ls, c in zip(rows, tokens.tolist(), raw.tolist(), sampled.tolist(), counts):
+            self.tokens[r] += toks[:c]
+            self.raw[r] += lr[:c]
+            self.sampled[r] += ls[:c]
+
+    def finished(self, rows: list[int]) -> list[bool]:
+        """Cut each of ``rows`` at its first EOS or at max_new_tokens; which of them are done."""
+        done = []
+        for r in rows:
+            row = self.tokens[r]
+            cut = next((i + 1 for i, t in enumerate(row) if t in self.eos), None)
+            if cut is not None and cut <= self.max_new_tokens:
+                self.reasons[r] = "eos"
+            cut = min(cut or len(row), self.max_new_tokens)
+            for values in (row, self.raw[r], self.sampled[r]):
+                del values[cut:]
+            done.append(self.reasons[r] == "eos" or len(row) >= self.max_new_tokens)
+        return done
+
+    def result(self, prompts, prompt_index, tokenizer, device, **stats) -> SpeculativeResult:
+        new = [torch.tensor(t, dtype=torch.long, device=device) for t in self.tokens]
+        return SpeculativeResult(
+            sequences=[torch.cat([p, t]) for p, t in zip(prompts, new)], new_tokens=new,
+            logprobs=[torch.tensor(v, device=device) for v in self.sampled],
+            raw_logprobs=[torch.tensor(v, device=device) for v in self.raw],
+            finish_reasons=self.reasons, texts=decode_texts(tokenizer, new), prompt_index=prompt_index, **stats)
+
+
+class _Target:
+    """The target's side of the loop: its KV cache and attention mask, one row per active
+    sequence, and the hidden states a drafter may read."""
+
+    def __init__(self, target, drafter):
+        self.model, self.drafter = target, drafter
+        self.hidden = drafter.reads_hidden_state
+        if self.hidden:
+            check_body_and_head(target)
+
+    def prefill(self, ids, mask) -> torch.Tensor:
+        """The prompts' pass; returns the logits of the first new token ``[B, V]``."""
+        positions = (mask.cumsum(dim=-1) - 1).clamp_min(0)
+        step = forward(self.model, input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=1,
+                       hidden=self.hidden)
+        self.cache, self.mask = step.cache, mask
+        self.drafter.start(ids, mask, self.model, self.cache)
+        if self.hidden:
+            self.drafter.observe(step.hidden[:, -1])
+        return step.logits[:, -1]
+
+    def score(self, pending, drafts) -> torch.Tensor:
+        """One pass over the pending token and the drafts: the logits ``[B, g + 1, V]``."""
+        g = drafts.shape[1]
+        self.mask = torch.cat([self.mask, self.mask.new_ones(len(drafts), g + 1)], dim=1)
+        positions = (self.mask.cumsum(dim=-1) - 1)[:, -(g + 1):]
+        step = forward(self.model, input_ids=torch.cat([pending[:, None], drafts], dim=1), attention_mask=self.mask,
+                       position_ids=positions, cache=self.cache, hidden=self.hidden)
+        self.cache, self.states = step.cache, step.hidden
+        return step.logits
+
+    def rollback(self, num: torch.Tensor, g: int) -> None:
+        """The cache holds the pending token and all g drafts: rejected drafts are masked out, like
+        left padding (rows keep different numbers), and cropped where no row keeps them."""
+        if g > 0:
+            kept = torch.arange(1, g + 1, device=num.device)[None] <= num[:, None]
+            self.mask[:, -g:] = self.mask[:, -g:] * kept.long()
+            drop = g - int(num.max())
+            if drop > 0:
+                crop_cache(self.cache, self.cache.get_seq_length() - drop)
+                self.mask = self.mask[:, :-drop]
+        if self.hidden:  # the state where the next token was predicted: after the last kept draft
+            self.drafter.observe(self.states[torch.arange(len(num), device=num.device), num])
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        self.cache.batch_select_indices(keep)
+        self.mask = self.mask[keep]
+        self.drafter.select_rows(keep)
 
 
 @torch.inference_mode()
@@ -266,7 +366,7 @@ def speculative_generate(
     top_p: float | None = None,
     min_p: float | None = None,
     typical_p: float | None = None,
-    acceptance=None,
+    acceptance: AcceptanceRule | None = None,
     num_return_sequences: int = 1,
     eos_token_id=None,
     tokenizer=None,
@@ -275,162 +375,94 @@ def speculative_generate(
 ) -> SpeculativeResult:
     """Generate with speculative sampling: ``drafter`` proposes ``gamma`` tokens, ``target`` verifies.
 
-    ``drafter`` is a language model with the target's vocabulary (wrapped as a
-    ``DraftModelDrafter``) or any drafter object of ``logitlab.drafters``. ``acceptance`` is the
-    rule (default ``RejectionSampling()``, which at temperature 0 is greedy matching). The
-    output follows the target's distribution after temperature and truncation, exactly, for any
-    drafter. Prompts as in ``ll.generate``; rows of a batch advance independently.
+    ``drafter`` is a ``logitlab.drafter.Drafter``: ``ll.drafters.DraftModelDrafter(model)`` for a
+    small language model with the target's tokenizer, or any other drafter of the book.
+    ``acceptance`` is the rule (default ``RejectionSampling()``, which at temperature 0 is greedy
+    matching). The output follows the target's distribution after temperature and truncation,
+    exactly, for any drafter. Prompts as in ``ll.generate``; rows of a batch advance independently.
     """
-    from .drafters import as_drafter
-    from .generate import _check_counts
-
-    start_time = time.perf_counter()
     config = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p)
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-        raise ValueError(f"gamma must be an integer >= 1 (tokens drafted per call), got {gamma!r}")
-    _check_counts(max_new_tokens, 0, num_return_sequences)
-    drafter = as_drafter(drafter)
-    vocab = int(target.config.vocab_size)
-    if getattr(drafter, "vocab_size", vocab) != vocab:
-        raise ValueError(f"drafter has a vocabulary of {drafter.vocab_size} tokens, the target {vocab}: "
-                         "they must share the tokenizer")
-    acceptance = RejectionSampling() if acceptance is None else acceptance
-    if not callable(acceptance):
-        raise ValueError("acceptance must be an acceptance rule such as RejectionSampling()")
-    eos = _eos_ids(eos_token_id, target)
-    device = _model_device(target)
+    gamma = check_gamma(gamma)
+    max_new_tokens, _, n = check_counts(max_new_tokens, 0, num_return_sequences)
+    check_model(target, "target")
+    drafter = check_drafter(drafter, vocab_size(target))
+    acceptance = check_rule(acceptance)
+    eos = eos_ids(eos_token_id, target)
+    device = model_device(target)
     check_generator(generator, device)
-    ids, mask = _prompt_batch(input_ids, attention_mask, tokenizer, device)
-    n = num_return_sequences
+    ids, mask = prompt_batch(input_ids, attention_mask, tokenizer, target)
     ids, mask = ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0)
-    prompt_mask = mask  # the loop extends `mask`; the prompts are read back from this one
-    rows = ids.shape[0]
+    began, out, side = now(device), Outputs(len(ids), eos, max_new_tokens), _Target(target, drafter)
+    stats = dict(model_calls=1, accepted=[], drafted=[], draft_seconds=0.0, verify_seconds=0.0, step_seconds=[])
 
-    # A drafter such as Medusa heads reads the target's last hidden state: then each target pass
-    # is split into its body and its output layer (logitlab.medusa.body_and_logits).
-    reads_hidden = getattr(drafter, "reads_hidden_state", False)
-    if reads_hidden:
-        from .medusa import _check_target, body_and_logits
-
-        _check_target(target)
-
-    # Prefill the target; its logits give the first new token, exactly as in ll.generate.
-    positions = (mask.cumsum(dim=-1) - 1).clamp_min(0)
-    drafter.start(ids, mask)
-    if reads_hidden:
-        cache, hidden, logits = body_and_logits(target, logits_to_keep=1, input_ids=ids, attention_mask=mask,
-                                                position_ids=positions)
-        drafter.observe(hidden[:, -1])
-    else:
-        out = target(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-        cache, logits = out.past_key_values, out.logits
-    if hasattr(drafter, "take_prefill"):  # a drafter that runs the target itself (PaSS) starts from its prefill
-        drafter.take_prefill(target, cache)
-    # The first token is the target's choice after an empty prefix: the rule's own choice when it
-    # has one (typical acceptance takes the argmax, as after any accepted prefix), else a draw.
-    next_from = getattr(acceptance, "next_from", None)
-    if next_from is not None and config.temperature > 0:
-        first = next_from(softmax(process_logits(logits[:, -1].float(), config)), generator)
-    else:
-        first = _choose(logits[:, -1].float(), config, generator)
-
-    output = [[t] for t in first.tolist()]
-    reasons = ["length"] * rows
-    active = torch.arange(rows, device=device)
-    pending = first  # each active row's newest token, not yet in the target's cache
-    result = SpeculativeResult([], [], reasons, None, [r // n for r in range(rows)], target_calls=1)
-    finished = _finished(output, active, eos, max_new_tokens, reasons)
-
+    # The first token is the target's choice after an empty prefix, exactly as in ll.generate.
+    logits = side.prefill(ids, mask)
+    pending = acceptance.first_token(logits, config, generator)
+    p = None if config.temperature == 0 else softmax(process_logits(logits, config))[:, None]
+    active = list(range(len(ids)))
+    out.add(active, pending[:, None], logits[:, None], p, [1] * len(active))
+    stats["prefill_seconds"] = now(device) - began
     while True:
-        if finished.any():
-            keep = (~finished).nonzero().squeeze(-1)
-            if keep.numel() == 0:
+        done = out.finished(active)
+        if any(done):
+            keep = [i for i, d in enumerate(done) if not d]
+            if not keep:
                 break
-            cache.batch_select_indices(keep)
-            drafter.select_rows(keep)
-            active, pending, mask = active[keep], pending[keep], mask[keep]
-
-        # 1. Draft (no more than the longest row still needs).
-        left = max(max_new_tokens - len(output[r]) for r in active.tolist())
-        t0 = time.perf_counter()
-        drafts, q = drafter.propose(pending, min(gamma, left), config, generator)
-        t1 = time.perf_counter()
-        g = drafts.shape[1]
-
-        # 2. One target pass over the pending token and the drafts.
-        feed = torch.cat([pending[:, None], drafts], dim=1)
-        mask = torch.cat([mask, mask.new_ones(mask.shape[0], g + 1)], dim=1)
-        positions = (mask.cumsum(dim=-1) - 1)[:, -(g + 1):]
-        if reads_hidden:
-            cache, hidden, logits = body_and_logits(target, input_ids=feed, attention_mask=mask,
-                                                    position_ids=positions, past_key_values=cache)
-        else:
-            out = target(input_ids=feed, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                         use_cache=True)
-            cache, logits = out.past_key_values, out.logits.float()  # [B, g + 1, V]
-        result.target_calls += 1
-
-        # 3. Accept a prefix of the drafts and choose the next token.
-        if g == 0:
-            num = torch.zeros(len(active), dtype=torch.long, device=device)
-            nxt = _choose(logits[:, 0], config, generator)
-        else:
-            p = softmax(process_logits(logits, config)) if config.temperature > 0 else None
-            num, nxt = acceptance(drafts, q, p, logits, config, generator)
-        result.verify_seconds += time.perf_counter() - t1
-        result.draft_seconds += t1 - t0
-        result.accepted.append(num.tolist())
-        result.drafted.append(g)
-        for i, r in enumerate(active.tolist()):
-            output[r] += drafts[i, : num[i]].tolist() + [nxt[i].item()]
-
-        # 4. Roll back: the target's cache holds the pending token and all g drafts; rejected
-        #    drafts are masked out (and cropped where no row keeps them).
-        keep_draft = torch.arange(1, g + 1, device=device)[None] <= num[:, None]
-        if g > 0:
-            mask[:, -g:] = mask[:, -g:] * keep_draft.long()
-        drop = g - int(num.max()) if g > 0 else 0
-        if drop > 0:
-            cache.crop(-drop)
-            mask = mask[:, :-drop]
-        drafter.rollback(num)
-        if reads_hidden:  # the state where `nxt` was predicted: after the last kept draft
-            drafter.observe(hidden[torch.arange(len(num), device=device), num])
-        pending = nxt
-        finished = _finished(output, active, eos, max_new_tokens, reasons)
-
-    new = [torch.tensor(o, dtype=torch.long, device=device) for o in output]
-    prompts = [row[m.bool()] for row, m in zip(ids, prompt_mask)]
-    result.new_tokens = new
-    result.sequences = [torch.cat([pr, t]) for pr, t in zip(prompts, new)]
-    if tokenizer is not None:
-        result.texts = [tokenizer.decode(t.tolist(), skip_special_tokens=True) for t in new]
-    result.drafter_steps = getattr(drafter, "steps", 0)
-    result.seconds = time.perf_counter() - start_time
-    return result
+            keep_t = torch.tensor(keep, device=device)
+            side.select_rows(keep_t)
+            active, pending = [active[i] for i in keep], pending[keep_t]
+        left = max(max_new_tokens - len(out.tokens[r]) for r in active)  # no more than any row needs
+        pending = _call(side, drafter, acceptance, pending, min(gamma, left), config, generator, out, active, stats)
+    prompts = [row[m.bool()] for row, m in zip(ids, mask)]
+    return out.result(prompts, [r // n for r in range(len(ids))], tokenizer, device, seconds=now(device) - began,
+                      drafter_steps=drafter.steps, **stats)
 
 
-def _choose(logits: torch.Tensor, config: SamplingConfig, generator) -> torch.Tensor:
-    """One token per row from the target's logits, as ll.generate chooses (no penalties)."""
-    if config.temperature == 0:
-        return logits.argmax(dim=-1)
-    return sample(process_logits(logits, config), 1.0, generator)
+def _call(side, drafter, acceptance, pending, gamma, config, generator, out, active, stats) -> torch.Tensor:
+    """One call of the loop: draft, verify in one target pass, keep a prefix, roll back.
+    Returns each row's new pending token."""
+    device = pending.device
+    t0 = now(device)
+    drafts, q = drafter.propose(pending, gamma, config, generator)
+    t1 = now(device)
+    logits = side.score(pending, drafts)  # [B, g + 1, V]
+    g = drafts.shape[1]
+    p = None if config.temperature == 0 else softmax(process_logits(logits, config))
+    if g == 0:  # nothing proposed: the call gives the target's own token
+        num = torch.zeros(len(pending), dtype=torch.long, device=device)
+        nxt = acceptance.first_token(logits[:, 0], config, generator)
+    else:
+        num, nxt = acceptance(drafts, q, p, logits, config, generator)
+    # The kept drafts, then the next token at position num: what each row emits, num + 1 tokens.
+    emitted = torch.cat([drafts, nxt[:, None]], dim=1).scatter(1, num[:, None], nxt[:, None])
+    out.add(active, emitted, logits, p, (num + 1).tolist())
+    side.rollback(num, g)
+    drafter.rollback(num)
+    t2 = now(device)
+    stats["model_calls"] += 1
+    stats["accepted"].append(num.tolist())
+    stats["drafted"].append(g)
+    stats["draft_seconds"] += t1 - t0
+    stats["verify_seconds"] += t2 - t1
+    stats["step_seconds"].append(t2 - t0)
+    return nxt
 
 
-def _finished(output, active, eos, max_new_tokens, reasons) -> torch.Tensor:
-    """Cut each active row at its first EOS or at max_new_tokens; which rows are done."""
-    done = []
-    for r in active.tolist():
-        row = output[r]
-        cut = next((i + 1 for i, t in enumerate(row) if t in eos), None)
-        if cut is not None and cut <= max_new_tokens:
-            del row[cut:]
-            reasons[r] = "eos"
-            done.append(True)
-        elif len(row) >= max_new_tokens:
-            del row[max_new_tokens:]
-            done.append(True)
-        else:
-            done.append(False)
-    return torch.tensor(done, dtype=torch.bool, device=active.device)
+def check_gamma(gamma) -> int:
+    """Tokens drafted per call: an integer >= 1 (numpy integers are fine)."""
+    if isinstance(gamma, bool) or not isinstance(gamma, numbers.Integral) or gamma < 1:
+        raise ValueError(f"gamma must be an integer >= 1 (tokens drafted per call), got {gamma!r}")
+    return int(gamma)
 
+
+def check_rule(acceptance) -> AcceptanceRule:
+    """An acceptance rule instance (default ``RejectionSampling()``)."""
+    if acceptance is None:
+        return RejectionSampling()
+    if isinstance(acceptance, type):
+        raise ValueError(f"acceptance must be a rule object, got the class {acceptance.__name__}: "
+                         f"call it, e.g. acceptance={acceptance.__name__}()")
+    if not isinstance(acceptance, AcceptanceRule):
+        raise ValueError("acceptance must be an acceptance rule such as ll.speculative.RejectionSampling() or "
+                         f"ll.TypicalAcceptance(), got {type(acceptance).__name__}")
+    return acceptance

@@ -253,9 +253,9 @@ def toy_model(vocab_size: int = 8, order: int = 2, seed: int = 0, scale: float =
         raise ValueError(f"vocab_size must be an integer >= 2, got {vocab_size!r}")
     if not isinstance(order, int) or order < 1:
         raise ValueError(f"order must be an integer >= 1 (1: unigram, 2: bigram), got {order!r}")
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device="cpu").manual_seed(seed)  # the same table everywhere; .to(device) moves it
     shape = [vocab_size + 1] * (order - 1) + [vocab_size]
-    return NGramLM(scale * torch.randn(shape, generator=gen))
+    return NGramLM(scale * torch.randn(shape, generator=gen, device="cpu"))
 
 
 def toy_bigram(vocab_size: int = 8, seed: int = 0) -> NGramLM:

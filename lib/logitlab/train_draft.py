@@ -46,6 +46,10 @@ import time
 import torch
 import torch.nn.functional as F
 
+from .decoding import generator as seeded_generator
+from .decoding import model_device
+from .drafters import build_draft
+
 # Varied short prompts: chat turns (the model is an instruction model, and chat is how the
 # book uses it) and plain text to continue. The drafter must not be tuned to one style.
 CHAT_PROMPTS = [
@@ -122,29 +126,6 @@ def prompt_ids(tok, texts=None) -> list[list[int]]:
 # --- The draft model ---------------------------------------------------------------------------
 
 
-def build_draft(target, init_layer: int = 0, num_layers: int = 1):
-    """A Llama with ``num_layers`` layers and the target's shape, started from the target's weights.
-
-    The embedding (tied to the output layer) is the target's own module, shared rather than
-    copied (no second 28M-parameter table in memory), and frozen; only the layers and the
-    final norm train.
-    """
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(**{**target.config.to_dict(), "num_hidden_layers": num_layers, "tie_word_embeddings": True})
-    draft = LlamaForCausalLM(cfg).to(device=target.device, dtype=target.dtype)
-    draft.model.embed_tokens = target.model.embed_tokens
-    with torch.no_grad():
-        n = target.config.num_hidden_layers
-        for i, layer in enumerate(draft.model.layers):
-            src = (init_layer + i) % n if init_layer >= 0 else n + init_layer - (num_layers - 1) + i
-            layer.load_state_dict(target.model.layers[src].state_dict())
-        draft.model.norm.load_state_dict(target.model.norm.state_dict())
-    draft.tie_weights()
-    draft.model.embed_tokens.weight.requires_grad_(False)
-    return draft.eval()
-
-
 def trainable_state(draft) -> dict[str, torch.Tensor]:
     """The weights that differ from the target's: the layers and the final norm."""
     # Stored in float16: half the size, and the draft's quality does not notice.
@@ -160,52 +141,6 @@ def save_draft(draft, path: str, vocab: torch.Tensor | None = None) -> None:
     if vocab is not None:
         state["vocab"] = vocab.to(torch.int32).contiguous()
     save_file(state, path, metadata={"num_hidden_layers": str(draft.config.num_hidden_layers)})
-
-
-def load_draft(target, path: str, full_vocabulary: bool = False):
-    """Rebuild the draft model from the target and a file written by ``save_draft``.
-
-    If the file names an output vocabulary, the draft predicts only those tokens (a
-    ``SubsetHead``), unless ``full_vocabulary`` asks for the whole output layer.
-    """
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
-    with safe_open(path, "pt") as f:
-        layers = int(f.metadata()["num_hidden_layers"])
-    draft = build_draft(target, 0, layers)
-    state = load_file(path)
-    vocab = state.pop("vocab", None)
-    state = {k: v.to(target.dtype) for k, v in state.items()}
-    missing = draft.load_state_dict(state, strict=False)
-    assert not missing.unexpected_keys, missing.unexpected_keys
-    if vocab is not None and not full_vocabulary:
-        draft.lm_head = SubsetHead(target.model.embed_tokens.weight, vocab.long())
-    return draft.eval()
-
-
-class SubsetHead(torch.nn.Module):
-    """An output layer that scores only a subset of the vocabulary.
-
-    A draft step of the one-layer draft is dominated by its output layer: a [576] x [576, 49152]
-    product reads the whole 113 MB embedding for every proposed token, several times the cost
-    of the layer itself. Scoring only the ``K`` tokens the target uses most (rows of the same
-    embedding, copied once into a small contiguous matrix) makes a step several times cheaper.
-    The other tokens get logit -inf, so the draft never proposes them and its ``q`` gives them
-    probability 0. Speculative sampling stays exact (any ``q`` does); only the acceptance rate
-    pays, by at most the target's probability mass outside the subset.
-    """
-
-    def __init__(self, embedding: torch.Tensor, vocab: torch.Tensor):
-        super().__init__()
-        self.vocab_size = embedding.shape[0]
-        self.register_buffer("vocab", vocab, persistent=False)
-        self.register_buffer("rows", embedding.detach()[vocab].clone(), persistent=False)  # [K, hidden]
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        small = hidden @ self.rows.T  # [..., K]
-        logits = small.new_full((*small.shape[:-1], self.vocab_size), float("-inf"))
-        return logits.index_copy_(-1, self.vocab, small)
 
 
 def choose_vocabulary(data, vocab_size: int, size: int) -> torch.Tensor:
@@ -231,10 +166,10 @@ def generate_with_logits(model, prompts: list[list[int]], temps: list[float], ma
     Returns per row ``(tokens [L], new_from, topv [n, k] float16, topi [n, k] int32)``: positions
     ``new_from - 1 .. L - 2`` predict the new tokens.
     """
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    t = torch.tensor(temps, dtype=torch.float32)[:, None]
+    width, device = max(len(p) for p in prompts), model_device(model)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    t = torch.tensor(temps, dtype=torch.float32, device=device)[:, None]
     pos = (mask.cumsum(-1) - 1).clamp_min(0)
     out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
     cache, new, topv, topi = out.past_key_values, [], [], []
@@ -254,14 +189,14 @@ def generate_with_logits(model, prompts: list[list[int]], temps: list[float], ma
                     past_key_values=cache, use_cache=True)
         cache = out.past_key_values
     new, topv, topi = torch.stack(new, 1), torch.stack(topv, 1), torch.stack(topi, 1)
-    return [(torch.tensor(p + new[b].tolist()), len(p), topv[b], topi[b]) for b, p in enumerate(prompts)]
+    return [(torch.tensor(p + new[b].tolist()), len(p), topv[b].cpu(), topi[b].cpu()) for b, p in enumerate(prompts)]
 
 
 def make_data(model, tok, seconds: float, batch: int = 32, max_new_tokens: int = 128, k: int = 64, seed: int = 0,
               prompts: list[list[int]] | None = None):
     """Generate for about ``seconds``: batches of random prompts (token ids; by default this
     module's), a quarter of each batch greedy and the rest at T = 1."""
-    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    rng, gen = random.Random(seed), seeded_generator(model, seed)
     prompts, data, start = prompt_ids(tok) if prompts is None else prompts, [], time.perf_counter()
     while time.perf_counter() - start < seconds:
         rows = [rng.choice(prompts) for _ in range(batch)]
@@ -291,11 +226,11 @@ def new_token_states(body, rows) -> list[torch.Tensor]:
     """Run ``body`` (a model without its output layer, ``model.model``) over the rows and return,
     per row, its last hidden states at the positions that predict the row's new tokens
     (``new_from - 1 .. L - 2``, the ones whose top-k logits the row holds)."""
-    width = max(len(r[0]) for r in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    width, device = max(len(r[0]) for r in rows), body.embed_tokens.weight.device
+    ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+    mask = torch.zeros(len(rows), width, dtype=torch.long, device=device)
     for b, (tokens, _, _, _) in enumerate(rows):
-        ids[b, : len(tokens)], mask[b, : len(tokens)] = tokens, 1  # right padding: causal, harmless
+        ids[b, : len(tokens)], mask[b, : len(tokens)] = tokens.to(device), 1  # right padding: causal, harmless
     hidden = body(input_ids=ids, attention_mask=mask).last_hidden_state
     return [hidden[b, s - 1: len(t) - 1] for b, (t, s, _, _) in enumerate(rows)]
 
@@ -304,8 +239,8 @@ def loss_on(draft, rows, kind: str = "kl") -> torch.Tensor:
     """KL(target top-k || draft) (target renormalised over its top k), or CE on its argmax."""
     # Only the positions that predict new tokens: gather them before the big output matmul.
     h = torch.cat(new_token_states(draft.model, rows))
-    topv = torch.cat([r[2] for r in rows]).float()
-    topi = torch.cat([r[3] for r in rows]).long()
+    topv = torch.cat([r[2] for r in rows]).float().to(h.device)
+    topi = torch.cat([r[3] for r in rows]).long().to(h.device)
     logq = F.log_softmax(draft.lm_head(h).float(), dim=-1)
     if kind == "ce":
         return -logq.gather(-1, topi[:, :1]).mean()  # topi[:, 0] is the target's argmax

@@ -125,13 +125,13 @@ def accuracy(heads: MedusaHeads, hidden, sub, probs, target_row, top: int = 1, b
 def train(heads, tensors, steps: int, lr: float, batch: int, weight_decay: float = 0.0, seed: int = 0,
           log_every: int = 250, evaluate=None):
     hidden, sub, probs, target_row = tensors
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=hidden.device).manual_seed(seed)  # where the states are
     opt = torch.optim.AdamW(heads.blocks.parameters(), lr=lr, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / max(steps, 1))))
     start = time.perf_counter()
     for step in range(steps):
-        index = torch.randint(len(hidden), (batch,), generator=gen)
+        index = torch.randint(len(hidden), (batch,), generator=gen, device=hidden.device)
         loss = head_losses(heads, hidden, sub, probs, target_row, index)
         opt.zero_grad()
         loss.sum().backward()

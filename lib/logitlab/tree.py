@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from ._validate import check_generator, check_logits
-from .generate import _model_device
+from .decoding import check_model, masked_forward, model_device, prompt_batch
 from .probs import log_softmax
 from .sampling import SamplingConfig, process_logits, sample
 
@@ -105,7 +105,7 @@ def tree_attention_mask(parents) -> torch.Tensor:
             [0, 0, 1]], dtype=torch.int32)
     """
     parents = _check_parents(parents)
-    mask = torch.eye(len(parents), dtype=torch.bool)
+    mask = torch.eye(len(parents), dtype=torch.bool, device="cpu")  # small: built on the CPU, moved when used
     for i, p in enumerate(parents):
         if p >= 0:
             # The parent's row is complete (it comes earlier): its ancestors are ours too.
@@ -119,7 +119,7 @@ def tree_position_ids(parents, offset: int = 0) -> torch.Tensor:
     parents = _check_parents(parents)
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise ValueError(f"offset must be an integer >= 0 (the prompt's length), got {offset!r}")
-    return offset + torch.tensor(depths(parents), dtype=torch.long) - 1
+    return offset + torch.tensor(depths(parents), dtype=torch.long, device="cpu") - 1
 
 
 # --- Scoring a tree ----------------------------------------------------------------------------
@@ -136,12 +136,12 @@ def score_tree(model, input_ids, parents, tokens) -> tuple[torch.Tensor, torch.T
     mask.
     """
     parents = _check_parents(parents)
-    device = _model_device(model)
-    ids = _prompt(input_ids, device)
+    device = model_device(model)
+    ids = _prompt(input_ids, model)
     tokens = _check_tokens(tokens, len(parents), model, device)
     out = model(input_ids=ids, use_cache=True, logits_to_keep=1)  # only the last position's logits are used
     first = out.logits[0, -1:].float()  # [1, V]: the distribution of the root's children
-    logits, _ = _forward_nodes(model, out.past_key_values, ids.shape[1], parents, 0, tokens)
+    logits, _ = _forward_nodes(model, out.past_key_values, parents, 0, tokens)
     # Each node's token was predicted by its parent's logits (the prompt's for the root's children).
     before = torch.cat([first, logits])[torch.tensor(parents, device=device) + 1]
     return log_softmax(before).gather(-1, tokens[:, None]).squeeze(-1), logits
@@ -152,8 +152,8 @@ def score_paths(model, input_ids, parents, tokens) -> tuple[torch.Tensor, torch.
     """The slow reference for ``score_tree``: each root-to-leaf path in its own forward pass
     (prompt + path, no cache, no special mask). Same return values."""
     parents = _check_parents(parents)
-    device = _model_device(model)
-    ids = _prompt(input_ids, device)
+    device = model_device(model)
+    ids = _prompt(input_ids, model)
     tokens = _check_tokens(tokens, len(parents), model, device)
     seq = ids.shape[1]
     logprobs = torch.empty(len(parents), device=device)
@@ -167,33 +167,14 @@ def score_paths(model, input_ids, parents, tokens) -> tuple[torch.Tensor, torch.
     return logprobs, torch.stack(logits)
 
 
-def _forward_nodes(model, cache, prompt_len: int, parents: list[int], start: int, tokens):
-    """One forward pass over nodes ``start..n-1`` (``tokens``, ``[n - start]``), the cache holding
-    the prompt and nodes ``0..start-1``. Returns their next-token logits ``[n - start, V]`` and
-    the cache, which now holds every node too."""
-    n = len(parents)
-    allowed = torch.ones(n - start, prompt_len + n, dtype=torch.bool)
-    allowed[:, prompt_len:] = tree_attention_mask(parents)[start:]
-    positions = tree_position_ids(parents, prompt_len)[start:]
-    device = tokens.device
-    out = model(input_ids=tokens[None], attention_mask=_additive_mask(allowed, model).to(device)[None, None],
-                position_ids=positions[None].to(device), past_key_values=cache, use_cache=True)
-    return out.logits[0].float(), out.past_key_values
-
-
-def _additive_mask(allowed: torch.Tensor, model) -> torch.Tensor:
-    """The 4D-mask values for Hugging Face: 0 where a query may attend, the dtype's minimum where not.
-
-    A 4D mask goes to the attention function unchanged. SDPA reads a bool mask as "True:
-    attend" and adds a float one; eager attention always *adds* it, so a bool mask there would
-    add 0 or 1 and mask nothing. The additive float form is right for both.
-    """
-    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if impl not in (None, "sdpa", "eager"):
-        raise ValueError(f"model: attention implementation {impl!r} does not take a custom 4D mask; "
-                         "load the model with attn_implementation='sdpa' or 'eager'")
-    dtype = getattr(model, "dtype", torch.float32)
-    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+def _forward_nodes(model, cache, parents: list[int], start: int, tokens):
+    """One pass over nodes ``start..n-1`` (``tokens``, ``[n - start]``), the cache holding the
+    prompt and nodes ``0..start-1``. Returns their next-token logits ``[n - start, V]`` and the
+    cache, which now holds every node too."""
+    prompt_len = cache.get_seq_length() - start
+    step = masked_forward(model, cache, tree_attention_mask(parents)[start:],
+                          tree_position_ids(parents, prompt_len)[start:], input_ids=tokens)
+    return step.logits, step.cache
 
 
 # --- Sampling a tree ---------------------------------------------------------------------------
@@ -265,9 +246,9 @@ def sample_tree(
     branching = _check_branching(branching)
     if not isinstance(with_replacement, bool):
         raise ValueError(f"with_replacement must be True or False, got {with_replacement!r}")
-    device = _model_device(model)
+    device = model_device(model)
     check_generator(generator, device)
-    ids = _prompt(input_ids, device)
+    ids = _prompt(input_ids, model)
 
     out = model(input_ids=ids, use_cache=True, logits_to_keep=1)  # prefill; only the last logits are used
     cache, logits = out.past_key_values, out.logits[0, -1:].float()  # one row: the root
@@ -276,7 +257,7 @@ def sample_tree(
     for depth, k in enumerate(branching):
         if depth > 0:
             # One pass over the newest level: the cache holds the prompt and the levels before it.
-            logits, cache = _forward_nodes(model, cache, ids.shape[1], parents, level[0], torch.cat(tokens)[level[0]:])
+            logits, cache = _forward_nodes(model, cache, parents, level[0], torch.cat(tokens)[level[0]:])
         children, lp, raw_lp = _draw_children(logits, k, config, with_replacement, generator)
         first = len(parents)
         parents += [p for p in level for _ in range(k)]  # the k children of each node, together
@@ -355,21 +336,21 @@ def _check_branching(branching) -> tuple[int, ...]:
     return tuple(branching)
 
 
-def _prompt(input_ids, device) -> torch.Tensor:
-    """One prompt as a LongTensor ``[1, seq]``."""
-    if isinstance(input_ids, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in input_ids):
-        input_ids = torch.tensor([list(input_ids)], dtype=torch.long)
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dtype != torch.long or input_ids.dim() != 2 \
-            or input_ids.shape[0] != 1 or input_ids.shape[1] == 0:
-        raise ValueError("input_ids must be one non-empty prompt: a LongTensor of shape [1, seq] or a list of ids")
-    if (input_ids < 0).any():
-        raise ValueError("input_ids must be non-negative token ids")
-    return input_ids.to(device)
+def _prompt(input_ids, model) -> torch.Tensor:
+    """One prompt as a LongTensor ``[1, seq]`` on the model's device (a flat list of ids is one prompt)."""
+    check_model(model)
+    if isinstance(input_ids, (list, tuple)) and input_ids and not isinstance(input_ids[0], (list, tuple, str)):
+        input_ids = [input_ids]
+    ids, _ = prompt_batch(input_ids, None, None, model)
+    if ids.shape[0] != 1:
+        raise ValueError(f"input_ids must be one prompt: a LongTensor of shape [1, seq] or a list of ids, "
+                         f"got {ids.shape[0]} prompts")
+    return ids
 
 
 def _check_tokens(tokens, n: int, model, device) -> torch.Tensor:
     if isinstance(tokens, (list, tuple)):
-        tokens = torch.tensor(tokens, dtype=torch.long) if tokens else None
+        tokens = torch.tensor(tokens, dtype=torch.long, device=device) if tokens else None
     if not isinstance(tokens, torch.Tensor) or tokens.dtype != torch.long or tokens.shape != (n,):
         raise ValueError(f"tokens must be a LongTensor of shape [{n}], one token per node of parents")
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)

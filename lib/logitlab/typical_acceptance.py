@@ -28,8 +28,10 @@ from __future__ import annotations
 import torch
 
 from ._validate import check_generator, check_probs
-from .sampling import inverse_transform
-from .speculative import greedy_verify
+from .decoding import exact_dtype, generator as seeded_generator, model_device
+from .probs import softmax
+from .sampling import inverse_transform, process_logits
+from .speculative import AcceptanceRule, greedy_verify, speculative_generate
 
 
 def _check_epsilon_delta(epsilon, delta):
@@ -47,7 +49,8 @@ def typical_threshold(p: torch.Tensor, epsilon: float, delta: float) -> torch.Te
     """
     epsilon, delta = _check_epsilon_delta(epsilon, delta)
     check_probs(p, "p")
-    entropy = -torch.xlogy(p.double(), p.double()).sum(dim=-1)
+    p = p.to(exact_dtype(p.device))
+    entropy = -torch.xlogy(p, p).sum(dim=-1)
     return torch.clamp(delta * torch.exp(-entropy), max=epsilon)
 
 
@@ -70,11 +73,11 @@ def typical_accept(draft_tokens: torch.Tensor, p: torch.Tensor, epsilon: float, 
         raise ValueError(f"draft_tokens must be token ids in [0, {p.shape[2]})")
     p = p[:, :g]
     threshold = typical_threshold(p, epsilon, delta)  # [B, g]
-    passes = p.gather(-1, draft_tokens[..., None]).squeeze(-1).double() > threshold
+    passes = p.gather(-1, draft_tokens[..., None]).squeeze(-1).to(threshold.dtype) > threshold
     return passes.long().cumprod(dim=-1).sum(dim=-1)
 
 
-class TypicalAcceptance:
+class TypicalAcceptance(AcceptanceRule):
     """Medusa's typical acceptance as an acceptance rule for ``ll.speculative_generate``.
 
     ``epsilon`` and ``delta`` set the threshold (Medusa's defaults: 0.09 and 0.3, the
@@ -82,8 +85,6 @@ class TypicalAcceptance:
     ``"argmax"`` (Medusa) or ``"sample"`` (a draw from the target's ``p`` there). At temperature
     0 the rule is greedy matching, whatever the settings.
     """
-
-    name = "typical"
 
     def __init__(self, epsilon: float = 0.09, delta: float = 0.3, next_token: str = "argmax"):
         self.epsilon, self.delta = _check_epsilon_delta(epsilon, delta)
@@ -99,16 +100,20 @@ class TypicalAcceptance:
         after = p[torch.arange(len(num), device=p.device), num]  # [B, V]: the target after the kept drafts
         return num, self.next_from(after, generator)
 
-    def next_from(self, p: torch.Tensor, generator=None) -> torch.Tensor:
-        """The target's token after the kept drafts, from its probabilities there (``[B, V]``).
+    def first_token(self, logits, config, generator=None) -> torch.Tensor:
+        """The token after an empty prefix (the very first one), chosen as after any kept prefix,
+        so that with ``"argmax"`` every token the target chooses is its most likely one, as in Medusa."""
+        if config.temperature == 0:
+            return logits.argmax(dim=-1)
+        return self.next_from(softmax(process_logits(logits, config)), generator)
 
-        The loop also uses it for the very first token (after an empty prefix), so that with
-        ``"argmax"`` every token the target chooses is its most likely one, as in Medusa.
-        """
+    def next_from(self, p: torch.Tensor, generator=None) -> torch.Tensor:
+        """The target's token after the kept drafts, from its probabilities there (``[B, V]``)."""
         if self.next_token == "argmax":
             return p.argmax(dim=-1)
-        cumulative = p.double().cumsum(dim=-1)
-        u = torch.rand(len(p), 1, generator=generator, device=p.device, dtype=torch.float64)
+        exact = exact_dtype(p.device)
+        cumulative = p.to(exact).cumsum(dim=-1)
+        u = torch.rand(len(p), 1, generator=generator, device=p.device, dtype=exact)
         return inverse_transform(cumulative, u * cumulative[:, -1:])
 
 
@@ -127,8 +132,6 @@ def output_distance(target, drafter, acceptance, prompt=(1,), length: int = 3, s
     import itertools
     from collections import Counter
 
-    from .speculative import speculative_generate
-
     vocab = int(target.config.vocab_size)
     for name, value in [("length", length), ("samples", samples), ("gamma", gamma)]:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -140,11 +143,12 @@ def output_distance(target, drafter, acceptance, prompt=(1,), length: int = 3, s
     if vocab ** length > 100_000:
         raise ValueError(f"vocab_size ** length must be at most 100000 to enumerate, got {vocab} ** {length}")
     seqs = list(itertools.product(range(vocab), repeat=length))
-    ids = torch.tensor([list(prompt) + list(s) for s in seqs])
-    logits = target(ids).logits[:, len(prompt) - 1: -1].double() / temperature
+    device = model_device(target)
+    ids = torch.tensor([list(prompt) + list(s) for s in seqs], device=device)
+    logits = target(ids).logits[:, len(prompt) - 1: -1].to(exact_dtype(device)) / temperature
     exact = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, len(prompt):, None]).squeeze(-1).sum(-1).exp()
     out = speculative_generate(target, drafter, [list(prompt)], gamma=gamma, max_new_tokens=length, eos_token_id=[],
                                temperature=temperature, num_return_sequences=samples, acceptance=acceptance,
-                               generator=torch.Generator().manual_seed(seed))
+                               generator=seeded_generator(target, seed))
     counts = Counter(tuple(t.tolist()) for t in out.new_tokens)
     return 0.5 * sum(abs(counts.get(s, 0) / samples - e.item()) for s, e in zip(seqs, exact))

@@ -1,0 +1,48 @@
+"""``python -m logitlab.bench``: the book's performance table, as ratios measured in one run.
+
+The machines that build the book are shared and noisy, so absolute times drift from run to
+run; ratios of times taken in the same run, on the same machine, are what the book reports.
+Each time is the median of several repetitions after a warm-up. The table is printed as
+Markdown and written as JSON (``--json``, default ``bench-out/bench.json``).
+
+Rows:
+
+* loading SmolLM2-135M: first load (dequantise the GGUF file) against the cached load
+  (chapter 1);
+* drawing one token per row of ``[64, 49152]`` logits: ``ll.sample`` and ``ll.gumbel_max``
+  against Hugging Face's temperature warper + softmax + ``torch.multinomial`` (chapter 1);
+* truncation on ``[64, 49152]`` logits: top-k 50 then top-p 0.9, and top-p 0.9 alone, ours
+  against Hugging Face's warpers, after checking that both keep the same tokens (chapter 2);
+* parallel sampling: N samples of 32 tokens with ``num_return_sequences`` (N = 1, 4, 16, 64)
+  against one sample; scoring a (4, 4, 2) token tree in one forward pass against path by path;
+  ``ll.beam_search`` against Hugging Face's beam search (chapters 4 and 5);
+* speculative decoding (chapter 6): prompt lookup at temperature 0 on input-grounded prompts
+  (the answer copies the prompt) and on open-ended ones, against our autoregressive loop and
+  against Hugging Face's prompt-lookup decoding, with the same tokens; the shipped draft model
+  at temperature 0 and 1 against our autoregressive loop, with its acceptance rate, cost ratio
+  and the speedup the cost model predicts, and against Hugging Face's assisted generation with
+  the same draft;
+* Medusa heads and typical acceptance (chapter 7): the shipped heads at temperature 0 as a chain
+  and as trees (same tokens as greedy decoding), and at 0.7, 1.0 and 1.3 as a chain under
+  rejection sampling (top-token and sampled proposals) and under typical acceptance, and as a
+  tree under typical acceptance, each with its tokens per target call, against our
+  autoregressive loop;
+* PaSS (chapter 8): the shipped look-ahead embeddings with the paper's two-call algorithm for
+  k = 1 .. 8 and with our single-call variant (slots after every prefix, or after the likeliest
+  one) at temperature 0 (same tokens as greedy decoding) and 1, each with its tokens per target
+  pass, against our autoregressive loop;
+* the decoding loop: ``ll.generate`` against Hugging Face ``generate``, 128 new tokens, greedy
+  and sampled, as a tokens-per-second ratio (the two loops run alternately, so both see the
+  same machine load); decoding with against without the KV cache
+  (chapter 3).
+"""
+
+from .basics import bench_generate, bench_load, bench_parallel, bench_sampling
+from .drafting import bench_draft_model, bench_pass, bench_speculative, bench_typical, pass_calls
+from .prompts import DRAFT_PROMPTS, GROUNDED, OPEN_ENDED
+from .run import main
+from .table import Table, cpu_name
+
+__all__ = ["DRAFT_PROMPTS", "GROUNDED", "OPEN_ENDED", "Table", "bench_draft_model", "bench_generate", "bench_load",
+           "bench_pass", "bench_parallel", "bench_sampling", "bench_speculative", "bench_typical", "cpu_name", "main",
+           "pass_calls"]

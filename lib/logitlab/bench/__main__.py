@@ -1,0 +1,5 @@
+"""``python -m logitlab.bench``"""
+
+from .run import main
+
+main()

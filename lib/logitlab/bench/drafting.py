@@ -1,0 +1,220 @@
+"""Rows for chapters 6 to 8: prompt lookup, the draft model, Medusa heads and typical acceptance, PaSS."""
+
+from __future__ import annotations
+
+import torch
+
+from ..decoding import generator as seeded_generator
+from ..drafters import DraftModelDrafter
+from ..generate import generate
+from ..speculative import pooled_alpha, speculative_generate
+from ..timing import forward_seconds, interleaved_median_times
+from .prompts import DRAFT_PROMPTS, GROUNDED, OPEN_ENDED, chat
+from .table import Table
+
+@torch.inference_mode()
+def bench_speculative(table: Table, model, tokenizer, new_tokens: int = 96, gamma: int = 5, repeat: int = 3) -> None:
+    from transformers import GenerationConfig
+
+    from ..drafters import PromptLookupDrafter
+
+    from ..speculative import speedup
+
+    vocab = model.config.vocab_size
+    context = chat(tokenizer, GROUNDED[0])[0].tolist()
+    step = forward_seconds(model, context, 1)
+    verify_cost = forward_seconds(model, context, gamma + 1) / step
+    for label, questions in [("input-grounded", GROUNDED), ("open-ended", OPEN_ENDED)]:
+        prompts = [chat(tokenizer, q) for q in questions]
+        results = {}
+
+        def ours():
+            results["ar"] = [generate(model, ids, max_new_tokens=new_tokens, temperature=0, eos_token_id=[])
+                             for ids in prompts]
+
+        def lookup():
+            results["pl"] = [speculative_generate(model, PromptLookupDrafter(vocab), ids, gamma=gamma,
+                                                  max_new_tokens=new_tokens, temperature=0, eos_token_id=[])
+                             for ids in prompts]
+
+        config = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                                  prompt_lookup_num_tokens=gamma, pad_token_id=2)
+
+        def theirs():
+            results["hf"] = [model.generate(ids, generation_config=config) for ids in prompts]
+
+        ar_t, pl_t, hf_t = interleaved_median_times([ours, lookup, theirs], repeat=repeat)
+        for a, b in zip(results["ar"], results["pl"]):
+            if a.new_tokens[0].tolist() != b.new_tokens[0].tolist():
+                raise AssertionError("prompt lookup changed the greedy tokens")
+        runs = results["pl"]
+        calls = sum(r.model_calls for r in runs)
+        alpha = pooled_alpha(runs)
+        # c: the lookup's time per proposed token, in target steps (it proposes up to gamma at once)
+        c = sum(r.draft_seconds for r in runs) / max(1, gamma * sum(len(r.accepted) for r in runs)) / step
+        predicted = speedup(min(alpha, 0.999999), gamma, c, verify_cost)
+        name = f"{len(prompts)} {label} prompts, {new_tokens} tokens each, greedy"
+        table.add(f"ll.generate, {name}", ar_t)
+        table.add(f"prompt lookup (gamma={gamma}, alpha={alpha:.2f}, c={c:.4f}, v={verify_cost:.2f}, "
+                  f"{new_tokens * len(prompts) / calls:.2f} tokens per target call, predicted {predicted:.2f}x), "
+                  f"{name}", pl_t, ar_t / pl_t, "faster than our AR loop")
+        table.add(f"Hugging Face prompt lookup, {name}", hf_t, hf_t / pl_t, "slower than ours (same algorithm)")
+
+
+@torch.inference_mode()
+def bench_draft_model(table: Table, model, tokenizer, new_tokens: int = 128, gamma: int = 4, repeat: int = 3) -> None:
+    """The shipped draft model against our AR loop at T = 0 and 1, with the predicted speedup,
+    and against Hugging Face's assisted generation with the same draft at T = 0."""
+    from ..drafters import load_pretrained
+    from ..speculative import speedup
+
+    draft = load_pretrained(model)
+    prompts = [chat(tokenizer, q) for q in DRAFT_PROMPTS]
+    context = prompts[0][0].tolist() + list(range(1000, 1060))
+    step = forward_seconds(model, context, 1)
+    c = forward_seconds(draft, context, 1) / step
+    verify_cost = forward_seconds(model, context, gamma + 1) / step
+    draft.generation_config.num_assistant_tokens = gamma  # Hugging Face: a constant gamma, no early stop
+    draft.generation_config.num_assistant_tokens_schedule = "constant"
+    draft.generation_config.assistant_confidence_threshold = 0.0
+    for temperature in [0.0, 1.0]:
+        results = {}
+        seeds = lambda: [seeded_generator(model, i) for i in range(len(prompts))]  # noqa: E731
+
+        def ours():
+            results["ar"] = [generate(model, ids, max_new_tokens=new_tokens, temperature=temperature,
+                                      eos_token_id=[], generator=g) for ids, g in zip(prompts, seeds())]
+
+        def spec():
+            results["sd"] = [speculative_generate(model, DraftModelDrafter(draft), ids, gamma=gamma, max_new_tokens=new_tokens,
+                                                  temperature=temperature, eos_token_id=[], generator=g)
+                             for ids, g in zip(prompts, seeds())]
+
+        contenders = [ours, spec]
+        if temperature == 0:
+            from transformers import GenerationConfig
+
+            config = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                                      pad_token_id=2)
+
+            def theirs():
+                results["hf"] = [model.generate(ids, generation_config=config, assistant_model=draft)
+                                 for ids in prompts]
+
+            contenders.append(theirs)
+        times = interleaved_median_times(contenders, repeat=repeat)
+        runs = results["sd"]
+        if temperature == 0:
+            for a, b, h in zip(results["ar"], runs, results["hf"]):
+                if not a.new_tokens[0].tolist() == b.new_tokens[0].tolist() == h[0, -new_tokens:].tolist():
+                    raise AssertionError("greedy speculative decoding changed the greedy tokens")
+        alpha = pooled_alpha(runs)
+        per_call = new_tokens * len(prompts) / sum(r.model_calls for r in runs)
+        predicted = speedup(min(alpha, 0.999999), gamma, c, verify_cost)
+        name = f"{len(prompts)} prompts, {new_tokens} tokens each, T={temperature:g}"
+        table.add(f"ll.generate, {name}", times[0])
+        table.add(f"draft model (gamma={gamma}, alpha={alpha:.2f}, c={c:.3f}, v={verify_cost:.2f}, "
+                  f"{per_call:.2f} tokens per call, predicted {predicted:.2f}x), {name}",
+                  times[1], times[0] / times[1], "faster than our AR loop")
+        if temperature == 0:
+            table.add(f"Hugging Face assisted generation, same draft, constant gamma={gamma}, {name}", times[2],
+                      times[2] / times[1], "slower than ours (same algorithm)")
+
+
+def time_against_ar(table: Table, model, runs: dict, prompts, temperature: float, new_tokens: int, repeat: int,
+                     calls=lambda r: r.model_calls, unit: str = "call") -> None:
+    """Time ``runs`` (label -> fn(ids, generator); the first is the AR baseline ``ll.generate``)
+    alternately on every prompt, check at T = 0 that each gives the baseline's greedy tokens, and
+    add a row per run with its tokens per ``unit`` (``calls(result)`` counts them) and its speedup."""
+    results = {}
+
+    def timed(label):
+        run = runs[label]
+
+        def fn():
+            results[label] = [run(ids, seeded_generator(model, i)) for i, ids in enumerate(prompts)]
+        return fn
+
+    times = interleaved_median_times([timed(label) for label in runs], repeat=repeat)
+    if temperature == 0:
+        greedy = [r.new_tokens[0].tolist() for r in results["ll.generate"]]
+        for label, outs in results.items():
+            if [r.new_tokens[0].tolist() for r in outs] != greedy:
+                raise AssertionError(f"{label} changed the greedy tokens")
+    name = f"{len(prompts)} prompts, {new_tokens} tokens each, T={temperature:g}"
+    table.add(f"ll.generate, {name}", times[0])
+    for label, seconds in list(zip(runs, times))[1:]:
+        per_call = new_tokens * len(prompts) / sum(calls(r) for r in results[label])
+        table.add(f"{label} ({per_call:.2f} tokens per {unit}), {name}", seconds, times[0] / seconds,
+                  "faster than our AR loop")
+
+
+@torch.inference_mode()
+def bench_typical(table: Table, model, tokenizer, new_tokens: int = 64, gamma: int = 3,
+                  trees=((2, 1), (3, 2, 1)), temperatures=(0.0, 0.7, 1.0, 1.3), repeat: int = 3) -> None:
+    """The shipped Medusa heads (chapter 7) against our AR loop. At T = 0: as a chain and as
+    trees, all greedy (checked to give the same tokens). Above 0, four rows: the chain under
+    rejection sampling with the heads proposing their top tokens; the same with the heads
+    sampling their proposals; the chain under typical acceptance (Medusa's defaults, argmax next
+    token); and the largest tree under typical acceptance."""
+    from ..drafters import MedusaDrafter
+    from ..medusa import load_heads, medusa_generate
+    from ..typical_acceptance import TypicalAcceptance
+
+    heads = load_heads(model)
+    prompts = [chat(tokenizer, q) for q in DRAFT_PROMPTS]
+    typical = TypicalAcceptance()
+    for temperature in temperatures:
+        common = dict(max_new_tokens=new_tokens, temperature=temperature, eos_token_id=[])
+
+        def chain(proposals="argmax", acceptance=None):
+            return lambda ids, g: speculative_generate(model, MedusaDrafter(heads, proposals), ids, gamma=gamma,
+                                                       acceptance=acceptance, generator=g, **common)
+
+        def tree(branching, acceptance=None):
+            return lambda ids, g: medusa_generate(model, heads, ids, branching=branching, acceptance=acceptance,
+                                                  generator=g, **common)
+
+        runs = {"ll.generate": lambda ids, g: generate(model, ids, generator=g, **common)}
+        if temperature == 0:
+            runs[f"Medusa heads, chain (gamma={gamma})"] = chain()
+            runs.update({f"Medusa heads, tree {b}": tree(b) for b in trees})
+        else:
+            runs[f"Medusa heads, chain (gamma={gamma}), rejection sampling, argmax proposals"] = chain()
+            runs[f"Medusa heads, chain (gamma={gamma}), rejection sampling, sampled proposals"] = chain("sample")
+            runs[f"Medusa heads, chain (gamma={gamma}), typical acceptance"] = chain(acceptance=typical)
+            runs[f"Medusa heads, tree {trees[-1]}, typical acceptance"] = tree(trees[-1], typical)
+        time_against_ar(table, model, runs, prompts, temperature, new_tokens, repeat)
+
+
+def pass_calls(result) -> int:
+    """Every forward pass of the target in a run: the loop's calls and, for PaSS's two-call
+    drafter, its drafting calls (its first step is the shared prefill, already counted)."""
+    return result.model_calls + max(0, result.drafter_steps - 1) if result.drafter_steps else result.model_calls
+
+
+@torch.inference_mode()
+def bench_pass(table: Table, model, tokenizer, new_tokens: int = 64, ks=tuple(range(1, 9)), single_ks=(1, 2, 4),
+               temperatures=(0.0, 1.0), repeat: int = 3) -> None:
+    """PaSS (chapter 8) with the shipped look-ahead embeddings against our AR loop, at T = 0 and 1:
+    the paper's two-call algorithm for every k in ``ks``, and the single-call variant with slots
+    after every prefix ("all") and after the likeliest one ("likely") for each k in
+    ``single_ks``. Each row gives its tokens per target pass (drafting calls included). At T = 0
+    every run is checked to give greedy decoding's tokens."""
+    from ..lookahead import load_pretrained, pass_generate
+
+    prompts = [chat(tokenizer, q) for q in DRAFT_PROMPTS]
+    sets = {k: load_pretrained(model, k) for k in set(ks) | set(single_ks)}  # loaded once, outside the timings
+    for temperature in temperatures:
+        common = dict(max_new_tokens=new_tokens, temperature=temperature, eos_token_id=[])
+        runs = {"ll.generate": lambda ids, g: generate(model, ids, generator=g, **common)}
+        for k in ks:
+            runs[f"PaSS two-call, k={k}"] = (
+                lambda ids, g, k=k: speculative_generate(model, sets[k], ids, gamma=k + 1, generator=g, **common))
+        for k in single_ks:
+            for prefixes in ("all", "likely"):
+                runs[f"PaSS single-call ({prefixes}), k={k}"] = (
+                    lambda ids, g, k=k, prefixes=prefixes: pass_generate(
+                        model, sets[k], ids, prefixes=prefixes, generator=g, **common))
+        time_against_ar(table, model, runs, prompts, temperature, new_tokens, repeat,
+                         calls=pass_calls, unit="target pass")

@@ -1,0 +1,59 @@
+"""The command: ``python -m logitlab.bench``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from .. import models
+from .basics import bench_generate, bench_load, bench_parallel, bench_sampling
+from .drafting import bench_draft_model, bench_pass, bench_speculative, bench_typical
+from .table import Table, cpu_name
+
+def main(argv=None) -> Table:
+    parser = argparse.ArgumentParser(prog="python -m logitlab.bench",
+                                     description="The book's performance table, as ratios measured in one run.")
+    parser.add_argument("--skip-load", action="store_true", help="skip the first-load row (about 30 s)")
+    parser.add_argument("--skip-generate", action="store_true", help="skip the decoding-loop rows (about 2 min)")
+    parser.add_argument("--skip-parallel", action="store_true",
+                        help="skip the batch, tree and beam-search rows (about 1 min)")
+    parser.add_argument("--skip-speculative", action="store_true",
+                        help="skip the speculative-decoding rows (about 8 min)")
+    parser.add_argument("--skip-typical", action="store_true",
+                        help="skip the Medusa-heads and typical-acceptance rows (about 6 min)")
+    parser.add_argument("--skip-pass", action="store_true",
+                        help="skip the PaSS look-ahead rows (about 25 min)")
+    parser.add_argument("--json", default="bench-out/bench.json", help="where to write the results as JSON")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    table = Table()
+    if not args.skip_load:
+        bench_load(table)
+    model, tokenizer = models.load("smollm2-135m", device="cpu")
+    bench_sampling(table, model, tokenizer)
+    if not args.skip_generate:
+        bench_generate(table, model, tokenizer)
+    if not args.skip_parallel:
+        bench_parallel(table, model, tokenizer)
+    if not args.skip_speculative:
+        bench_speculative(table, model, tokenizer)
+        bench_draft_model(table, model, tokenizer)
+    if not args.skip_typical:
+        bench_typical(table, model, tokenizer)
+    if not args.skip_pass:
+        bench_pass(table, model, tokenizer)
+    machine = f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, device cpu"
+    print(f"Machine: {machine}")
+    print(table.markdown())
+    path = Path(args.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"machine": machine, "rows": table.rows}, indent=2))
+    print(f"(written to {path})")
+    return table
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""The benchmark's table, and the machine it ran on."""
+
+from __future__ import annotations
+
+import platform
+
+
+class Table:
+    """Rows of (what, seconds, ratio, what the ratio is against)."""
+
+    def __init__(self):
+        self.rows = []
+
+    def add(self, name: str, seconds: float, ratio: float | None = None, against: str = "") -> None:
+        self.rows.append({"measurement": name, "seconds": seconds, "ratio": ratio, "against": against})
+
+    def markdown(self) -> str:
+        lines = ["| measurement | median time | ratio |", "|:---|---:|---:|"]
+        for r in self.rows:
+            against = r["against"]
+            if r["ratio"] is not None and r["ratio"] < 1 and against.startswith("faster than "):
+                against = f"(slower than {against[len('faster than '):]})"  # 0.8x "faster" is slower
+            ratio = f"{r['ratio']:.2f}x {against}".strip() if r["ratio"] is not None else ""
+            lines.append(f"| {r['measurement']} | {r['seconds'] * 1000:.1f} ms | {ratio} |")
+        return "\n".join(lines)
+
+
+def cpu_name() -> str:
+    """The processor's model name where Linux tells it, else the architecture."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()

@@ -1,0 +1,58 @@
+"""Where tensors live: the model's device, generators on it, float64 where it exists, a fair clock.
+
+Readers run the book on a CPU, on a GPU (Colab) and on Apple's MPS (Macs). Everything the
+library creates follows the model's device, so that the same code runs on all three:
+
+* ``model_device(model)``: where the model's parameters are;
+* ``generator(model, seed)``: a seeded ``torch.Generator`` there (``ll.generator``);
+* ``exact_dtype(device)``: float64 for sums that must not lose rare tokens' mass, float32 on
+  MPS, which has no float64;
+* ``now(device)``: the time, once the device has finished its queued work.
+"""
+
+from __future__ import annotations
+
+import numbers
+import time
+
+import torch
+
+
+def model_device(model) -> torch.device:
+    """The device of ``model``'s parameters (where its inputs and generators must live)."""
+    device = getattr(model, "device", None)
+    return device if isinstance(device, torch.device) else next(model.parameters()).device
+
+
+def generator(model_or_device, seed: int) -> torch.Generator:
+    """A ``torch.Generator`` seeded with ``seed`` on the device of a model (or a device).
+
+    Every sampling function of the library takes one; it must live where the logits are, so
+    the same code runs on a CPU, a GPU or a Mac. ``ll.generator(model, 0)`` is the way to make one.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    if isinstance(model_or_device, (torch.device, str)):
+        device = torch.device(model_or_device)
+    elif isinstance(model_or_device, torch.nn.Module):
+        device = model_device(model_or_device)
+    else:
+        raise ValueError(f"model_or_device must be a model or a torch.device, got {type(model_or_device).__name__}")
+    return torch.Generator(device=device).manual_seed(int(seed))
+
+
+def exact_dtype(device: torch.device) -> torch.dtype:
+    """float64 for sums that must not lose rare tokens' mass; float32 on MPS, which has no float64."""
+    return torch.float32 if torch.device(device).type == "mps" else torch.float64
+
+
+def now(device: torch.device | None = None) -> float:
+    """``time.perf_counter()`` once the device (by default: every accelerator there is) has
+    finished its queued work. CUDA and MPS run asynchronously: without waiting, a timer
+    measures how fast kernels are launched, not how long they take."""
+    kind = None if device is None else torch.device(device).type
+    if kind in (None, "cuda") and torch.cuda.is_available():
+        torch.cuda.synchronize(device)
+    if kind in (None, "mps") and torch.backends.mps.is_available():
+        torch.mps.synchronize()
+    return time.perf_counter()

@@ -1,0 +1,67 @@
+"""The drafter interface: what ``ll.speculative_generate`` asks of whoever proposes tokens.
+
+Chapter 6 ("Speculative sampling") introduces it. The loop depends on this interface only;
+the drafters themselves live elsewhere: a draft model and prompt lookup in
+``logitlab.drafters`` (chapter 6), Medusa heads in ``logitlab.drafters`` too (chapter 7), PaSS
+look-ahead embeddings in ``logitlab.lookahead`` (chapter 8).
+
+A call of the loop goes: ``propose`` (up to ``gamma`` tokens and the distributions they were
+drawn from), the target's verification pass, then ``rollback`` with how many proposals each row
+kept. Any proposal keeps the output exact (verification sees to that), so a drafter is judged
+only by how often its proposals are accepted and by what it costs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class Drafter:
+    """Base class of every drafter. Subclasses implement ``propose`` and, if they keep state per
+    row, ``start``, ``rollback`` and ``select_rows``.
+
+    ``vocab_size`` must equal the target's. ``steps`` counts the drafter's own forward passes,
+    its prompt's included (0 for a drafter with no model); the loop reports it.
+    """
+
+    vocab_size: int
+    steps: int = 0
+    # A drafter that reads the target's last hidden state (Medusa heads, feature-level drafters)
+    # sets this; the loop then hands it that state after every target pass (``observe``).
+    reads_hidden_state: bool = False
+
+    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, target, cache) -> None:
+        """Called once, after the target's prefill of the (left-padded) prompts; ``cache`` is the
+        target's cache then (PaSS copies it: it drafts with the target itself)."""
+
+    def propose(self, next_tokens: torch.Tensor, gamma: int, config, generator=None):
+        """``next_tokens`` ``[B]``: the token the target has just produced for each row, not yet
+        in its cache. Returns ``(tokens [B, g], q [B, g, V])`` with ``1 <= g <= gamma`` (the same
+        for every row): the proposals and the distribution each was drawn from (one-hot for a
+        deterministic proposal). ``config`` is the loop's ``SamplingConfig``."""
+        raise NotImplementedError
+
+    def observe(self, hidden: torch.Tensor) -> None:
+        """The target's last hidden state ``[B, H]`` where it predicted ``next_tokens`` (only
+        called when ``reads_hidden_state``)."""
+
+    def rollback(self, num_accepted: torch.Tensor) -> None:
+        """The target kept the first ``num_accepted[b]`` proposals of row b."""
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        """Only the rows ``keep`` go on (the others have finished)."""
+
+
+def check_drafter(drafter, target_vocab: int) -> Drafter:
+    """A ``Drafter`` with the target's vocabulary, or a clear error saying how to make one."""
+    if isinstance(drafter, type):
+        raise ValueError(f"drafter must be a drafter object, got the class {drafter.__name__}: call it, "
+                         f"e.g. {drafter.__name__}(...)")
+    if isinstance(drafter, torch.nn.Module) and not isinstance(drafter, Drafter):
+        raise ValueError("drafter must be a Drafter: wrap a draft model as ll.drafters.DraftModelDrafter(model)")
+    if not isinstance(drafter, Drafter):
+        raise ValueError(f"drafter must be a Drafter (see logitlab.drafter), got {type(drafter).__name__}")
+    if drafter.vocab_size != target_vocab:
+        raise ValueError(f"drafter has a vocabulary of {drafter.vocab_size} tokens, the target {target_vocab}: "
+                         "they must share the tokenizer")
+    return drafter

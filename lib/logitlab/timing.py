@@ -1,0 +1,89 @@
+"""Timing that is fair on a shared machine and on an accelerator.
+
+Chapters 5 to 8 and ``python -m logitlab.bench`` time code with these. Every clock read waits
+for the device first (``ll.decoding.now``: GPU work is asynchronous), each time is a median
+over repetitions after a warm-up, and contenders that are compared run in turn (A, B, A, B, ...)
+so that a machine that slows down meanwhile slows them all alike.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from .devices import model_device, now
+
+
+def median_time(fn, repeat: int = 7, warmup: int = 2) -> float:
+    """Median wall time of ``fn()`` in seconds."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start = now()
+        fn()
+        times.append(now() - start)
+    return statistics.median(times)
+
+
+def interleaved_median_times(fns, repeat: int = 7, warmup: int = 1) -> list[float]:
+    """Median wall time of each function in ``fns``, running them in turn: A, B, A, B, ...
+
+    For long runs (seconds each) on a shared machine, the load drifts between the first and the
+    last repetition; alternating the contenders exposes both to the same drift, so their ratio
+    is fair even when the absolute times are not.
+    """
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    times = [[] for _ in fns]
+    for _ in range(repeat):
+        for fn, ts in zip(fns, times):
+            start = now()
+            fn()
+            ts.append(now() - start)
+    return [statistics.median(ts) for ts in times]
+
+
+def forward_seconds(model, context_ids, tokens: int, repeat: int = 15) -> float:
+    """Median time of one forward pass of ``model`` on ``tokens`` new tokens after a cached
+    context (``context_ids``, a list of ids): a decode step for ``tokens = 1``, a speculative
+    verification of ``tokens - 1`` drafts otherwise. The cache is cropped back after each pass."""
+    with torch.inference_mode():
+        device = model_device(model)
+        cache = model(input_ids=torch.tensor([list(context_ids)], device=device), use_cache=True).past_key_values
+        new = torch.full((1, tokens), context_ids[-1], device=device)  # which tokens does not change the time
+        times = []
+        for _ in range(repeat + 1):
+            start = now()
+            cache = model(input_ids=new, past_key_values=cache, use_cache=True).past_key_values
+            times.append(now() - start)
+            cache.crop(-tokens)  # back to the context
+    return statistics.median(times[1:])  # the first pass warms up
+
+
+
+def pass_costs(model, context_ids, sizes, rounds: int = 7) -> dict:
+    """The cost of one forward pass of ``model`` over ``n`` new tokens after a cached context,
+    in decode steps, for each ``n`` in ``sizes``. The sizes (and the one-token decode step) are
+    timed in turn, round after round, so that a machine that slows down or speeds up meanwhile
+    affects them all alike; each cost is a median over the rounds (the first round warms up)."""
+    order = [1] + [n for n in dict.fromkeys(sizes) if n != 1]
+    times = {n: [] for n in order}
+    with torch.inference_mode():
+        device = model_device(model)
+        cache = model(input_ids=torch.tensor([list(context_ids)], device=device), use_cache=True).past_key_values
+        for r in range(rounds + 1):
+            for n in order:
+                new = torch.full((1, n), context_ids[-1], device=device)
+                start = now()
+                cache = model(input_ids=new, past_key_values=cache, use_cache=True).past_key_values
+                if r:
+                    times[n].append(now() - start)
+                cache.crop(-n)  # back to the context
+    step = statistics.median(times[1])
+    return {n: statistics.median(times[n]) / step for n in sizes}
+
+
+# Held out from the draft model's training prompts (see logitlab.train_draft).

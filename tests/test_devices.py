@@ -1,0 +1,140 @@
+"""Every entry point follows the model's device, and runs where there is no float64 (Apple MPS).
+
+There is no GPU here, so the two ways code breaks on another device are caught on the CPU:
+
+* **float64.** MPS has none. The library picks its exact dtype with ``devices.exact_dtype``; the
+  tests tell every module that it is on MPS (``exact_dtype`` gives float32) and fail any
+  operation that *introduces* a float64 tensor (a float64 result from inputs that have none,
+  including factories such as ``torch.rand(..., dtype=torch.float64)``).
+* **the device.** A tensor or a generator made without a device lands on the CPU, which is wrong
+  when the model is on a GPU. The tests run every entry point with PyTorch's default device set
+  to ``meta`` (tensors with no data): anything the library creates without naming a device is
+  then a meta tensor, and the first time it meets the model's real tensors the call fails. A
+  ``torch.Generator()`` without a device is recorded and fails the test too.
+"""
+
+import sys
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import logitlab as ll
+from logitlab.drafters import DraftModelDrafter, MedusaDrafter, PromptLookupDrafter
+from logitlab.lookahead import LookaheadEmbeddings, pass_generate
+from logitlab.medusa import MedusaHeads, medusa_generate
+
+
+def tiny_llama(layers=2, seed=0, vocab=6):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=layers,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    return LlamaForCausalLM(config).eval()
+
+
+def entry_points():
+    """Every public decoding entry point, at T = 0 and T > 0, on tiny models (name, call)."""
+    target, small = tiny_llama(2, 0), tiny_llama(1, 1)
+    heads = MedusaHeads(target.lm_head.weight.detach(), 2)
+    lookahead = LookaheadEmbeddings(target, 2)
+    prompts = [[1, 2, 3], [4, 5]]
+
+    def spec(drafter, **kw):
+        return lambda: ll.speculative_generate(target, drafter, prompts, gamma=2, max_new_tokens=5, eos_token_id=[],
+                                               generator=ll.generator(target, 0), **kw)
+
+    calls = {
+        "generate": lambda: ll.generate(target, prompts, max_new_tokens=4, top_k=3, top_p=0.9, repetition_penalty=1.2,
+                                        presence_penalty=0.5, num_return_sequences=2,
+                                        generator=ll.generator(target, 0)),
+        "generate greedy": lambda: ll.generate(target, prompts, max_new_tokens=4, temperature=0),
+        "beam_search": lambda: ll.beam_search(target, prompts, num_beams=3, max_new_tokens=4),
+        "best_of_n": lambda: ll.best_of_n(target, prompts, n=3, max_new_tokens=4, generator=ll.generator(target, 0)),
+        "sample_tree": lambda: ll.sample_tree(target, [1, 2], branching=(2, 2), generator=ll.generator(target, 0)),
+        "score_tree": lambda: ll.score_tree(target, [1, 2], [-1, -1, 0], [1, 2, 3]),
+        "draft model, T=1": spec(DraftModelDrafter(small), top_p=0.9),
+        "draft model, T=0": spec(DraftModelDrafter(small), temperature=0),
+        "prompt lookup": spec(PromptLookupDrafter(6)),
+        "medusa chain, sampled": spec(MedusaDrafter(heads, "sample")),
+        "medusa chain, typical": spec(MedusaDrafter(heads), acceptance=ll.TypicalAcceptance(next_token="sample")),
+        "look-ahead, two calls": spec(lookahead),
+        "medusa tree, typical": lambda: medusa_generate(target, heads, [[1, 2]], branching=(2, 1), max_new_tokens=5,
+                                                        temperature=1.0, acceptance=ll.TypicalAcceptance(),
+                                                        generator=ll.generator(target, 0)),
+        "medusa tree, greedy": lambda: medusa_generate(target, heads, [[1, 2]], branching=(2, 1), max_new_tokens=5),
+        "pass_generate, all": lambda: pass_generate(target, lookahead, [[1, 2]], max_new_tokens=6, temperature=1.0,
+                                                    generator=ll.generator(target, 0)),
+        "pass_generate, likely": lambda: pass_generate(target, lookahead, [[1, 2]], max_new_tokens=6, temperature=1.0,
+                                                       prefixes="likely", generator=ll.generator(target, 0)),
+    }
+    return list(calls.items())
+
+
+ENTRY_POINTS = entry_points()
+
+
+class NoNewFloat64(TorchDispatchMode):
+    """Fails any operation whose result is float64 while none of its inputs is."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        inputs = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        outputs = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        if any(t.dtype == torch.float64 for t in outputs) and not any(t.dtype == torch.float64 for t in inputs):
+            raise AssertionError(f"{func} introduced a float64 tensor, which MPS does not have")
+        return out
+
+
+def pretend_mps(monkeypatch):
+    """Every module of the library that chooses a dtype by device now believes it is on MPS."""
+    for name, module in list(sys.modules.items()):
+        if name.startswith("logitlab") and hasattr(module, "exact_dtype"):
+            monkeypatch.setattr(module, "exact_dtype", lambda device: torch.float32)
+
+
+@pytest.mark.parametrize("name, call", ENTRY_POINTS, ids=[n for n, _ in ENTRY_POINTS])
+def test_no_float64_is_introduced_where_the_device_has_none(monkeypatch, name, call):
+    pretend_mps(monkeypatch)
+    with NoNewFloat64():
+        call()
+
+
+def test_the_float64_guard_fails_code_that_introduces_float64():
+    with pytest.raises(AssertionError, match="float64"):
+        with NoNewFloat64():
+            torch.rand(3, dtype=torch.float64)
+    with pytest.raises(AssertionError, match="float64"):
+        with NoNewFloat64():
+            torch.ones(3).double()
+
+
+@pytest.mark.parametrize("name, call", ENTRY_POINTS, ids=[n for n, _ in ENTRY_POINTS])
+def test_what_the_library_creates_follows_the_models_device(name, call):
+    torch.set_default_device("meta")  # a tensor made without a device is now a meta tensor
+    try:
+        call()
+    finally:
+        torch.set_default_device(None)
+
+
+def test_the_device_check_fails_code_that_makes_a_tensor_without_a_device():
+    model = tiny_llama()
+    torch.set_default_device("meta")
+    try:
+        with pytest.raises((RuntimeError, NotImplementedError, ValueError)):
+            model(input_ids=torch.tensor([[1, 2]]).cpu())  # made without a device, then moved: no data
+    finally:
+        torch.set_default_device(None)
+
+
+def test_every_generator_in_the_library_and_the_chapters_names_its_device():
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    files = list((root / "lib").rglob("*.py")) + list((root / "chapters").glob("*.ipynb"))
+    bare = [f.name for f in files if re.search(r"torch\.Generator\(\s*\)", f.read_text())]
+    assert not bare, f"torch.Generator() without a device in {bare}: use ll.generator(model, seed)"
