@@ -128,7 +128,7 @@ def beam_search(
     cache.batch_repeat_interleave(nb)
     logits = step.logits[:, -1].repeat_interleave(nb, dim=0)  # [batch * nb, vocab]
     mask = mask.repeat_interleave(nb, dim=0)
-    beams = _Beams(ids.shape[0], nb, eos, length_penalty, early_stopping, max_new_tokens, device)
+    beams = _Beams(ids.shape[0], nb, logits.shape[-1], eos, length_penalty, early_stopping, max_new_tokens, device)
     prefill_seconds, steps = now(device) - start, []
 
     for index in range(max_new_tokens):
@@ -156,7 +156,7 @@ class _Beams:
     Token buffers grow by one column per step (no buffer of ``max_new_tokens`` columns up front).
     """
 
-    def __init__(self, batch, nb, eos, length_penalty, early_stopping, max_new_tokens, device):
+    def __init__(self, batch, nb, vocab, eos, length_penalty, early_stopping, max_new_tokens, device):
         self.nb, self.eos, self.length_penalty, self.early_stopping = nb, eos, length_penalty, early_stopping
         self.max_new_tokens = max_new_tokens
         # Only beam 0 starts "alive" (score 0): the others start at NEG, so that the first step
@@ -169,7 +169,8 @@ class _Beams:
         self.stored_scores = torch.full((batch, nb), NEG, device=device)
         self.stored_full = torch.zeros(batch, nb, dtype=torch.bool, device=device)  # slot holds a hypothesis
         self.can_improve = torch.ones(batch, 1, dtype=torch.bool, device=device)
-        self.keep = max(2, 1 + len(eos)) * nb  # extensions looked at per step
+        # Extensions looked at per step (never more than there are: nb beams x vocab tokens).
+        self.keep = min(max(2, 1 + len(eos)) * nb, nb * vocab)
         self.in_top_nb = torch.arange(self.keep, device=device) < nb
         self.eos_tensor = torch.tensor(eos, dtype=torch.long, device=device)
         self.rows = torch.arange(batch, device=device)[:, None]

@@ -112,6 +112,18 @@ def prompt_batch(input_ids, attention_mask, tokenizer, model) -> tuple[torch.Ten
     return ids, mask
 
 
+def one_prompt(input_ids, tokenizer, model) -> torch.Tensor:
+    """One prompt as a LongTensor ``[1, seq]`` on the model's device, for the loops that decode a
+    single sequence (token trees, Medusa trees, PaSS); a flat list of ids is one prompt."""
+    if isinstance(input_ids, (list, tuple)) and input_ids and not isinstance(input_ids[0], (list, tuple, str)):
+        input_ids = [input_ids]
+    ids, _ = prompt_batch(input_ids, None, tokenizer, model)
+    if ids.shape[0] != 1:
+        raise ValueError(f"input_ids must be one prompt (a LongTensor [1, seq] or a list of ids), "
+                         f"got {ids.shape[0]} prompts")
+    return ids
+
+
 def _pad_lists(input_ids, attention_mask, device):
     if attention_mask is not None:
         raise ValueError("attention_mask: pass it only with a padded tensor of input_ids")

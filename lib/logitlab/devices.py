@@ -21,7 +21,11 @@ import torch
 def model_device(model) -> torch.device:
     """The device of ``model``'s parameters (where its inputs and generators must live)."""
     device = getattr(model, "device", None)
-    return device if isinstance(device, torch.device) else next(model.parameters()).device
+    if isinstance(device, torch.device):
+        return device
+    for tensor in [*model.parameters(), *model.buffers()]:  # a wrapper may hold its weights as buffers
+        return tensor.device
+    raise ValueError(f"model: {type(model).__name__} has no parameters or buffers to tell its device")
 
 
 def generator(model_or_device, seed: int) -> torch.Generator:

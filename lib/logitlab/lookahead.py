@@ -45,7 +45,7 @@ import torch.nn.functional as F
 
 from ._validate import check_generator
 from .decoding import (additive_mask, check_body_and_head, check_counts, crop_cache, draw, eos_ids, forward,
-                       masked_forward, model_device, now, prompt_batch)
+                       masked_forward, model_device, now, one_prompt)
 from .drafter import Drafter
 from .probs import softmax
 from .sampling import SamplingConfig, process_logits
@@ -253,9 +253,7 @@ def pass_generate(target, lookahead: LookaheadEmbeddings, input_ids, *, max_new_
     eos = eos_ids(eos_token_id, target)
     device = model_device(target)
     check_generator(generator, device)
-    ids, _ = prompt_batch(input_ids, None, tokenizer, target)
-    if ids.shape[0] != 1:
-        raise ValueError(f"input_ids must be one prompt, got {ids.shape[0]}")
+    ids = one_prompt(input_ids, tokenizer, target)
     began, out = now(device), Outputs(1, eos, max_new_tokens)
     state = _SingleCall(target, lookahead, config, generator, prefixes)
     state.prefill(ids, min(lookahead.k, max_new_tokens - 1), out)

@@ -32,7 +32,7 @@ import torch
 
 from ._validate import check_generator
 from .decoding import (check_body_and_head, check_counts, eos_ids, forward, keep_cache_positions, masked_forward,
-                       model_device, now, prompt_batch)
+                       model_device, now, one_prompt)
 from .drafters import SubsetHead
 from .probs import softmax
 from .sampling import SamplingConfig, process_logits
@@ -163,9 +163,7 @@ def medusa_generate(target, heads: MedusaHeads, input_ids, *, branching=(3, 2, 1
     eos = eos_ids(eos_token_id, target)
     device = model_device(target)
     check_generator(generator, device)
-    ids, _ = prompt_batch(input_ids, None, tokenizer, target)
-    if ids.shape[0] != 1:
-        raise ValueError(f"input_ids must be one prompt for tree verification, got {ids.shape[0]}")
+    ids = one_prompt(input_ids, tokenizer, target)
     began, out = now(device), Outputs(1, eos, max_new_tokens)
     step = forward(target, input_ids=ids, logits_to_keep=1, hidden=True)
     cache, h = step.cache, step.hidden[0, -1]

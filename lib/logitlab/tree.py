@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from ._validate import check_generator, check_logits
-from .decoding import check_model, masked_forward, model_device, prompt_batch
+from .decoding import check_model, masked_forward, model_device, one_prompt
 from .probs import log_softmax
 from .sampling import SamplingConfig, process_logits, sample
 
@@ -137,7 +137,7 @@ def score_tree(model, input_ids, parents, tokens) -> tuple[torch.Tensor, torch.T
     """
     parents = _check_parents(parents)
     device = model_device(model)
-    ids = _prompt(input_ids, model)
+    ids = one_prompt(input_ids, None, check_model(model))
     tokens = _check_tokens(tokens, len(parents), model, device)
     out = model(input_ids=ids, use_cache=True, logits_to_keep=1)  # only the last position's logits are used
     first = out.logits[0, -1:].float()  # [1, V]: the distribution of the root's children
@@ -153,7 +153,7 @@ def score_paths(model, input_ids, parents, tokens) -> tuple[torch.Tensor, torch.
     (prompt + path, no cache, no special mask). Same return values."""
     parents = _check_parents(parents)
     device = model_device(model)
-    ids = _prompt(input_ids, model)
+    ids = one_prompt(input_ids, None, check_model(model))
     tokens = _check_tokens(tokens, len(parents), model, device)
     seq = ids.shape[1]
     logprobs = torch.empty(len(parents), device=device)
@@ -248,7 +248,7 @@ def sample_tree(
         raise ValueError(f"with_replacement must be True or False, got {with_replacement!r}")
     device = model_device(model)
     check_generator(generator, device)
-    ids = _prompt(input_ids, model)
+    ids = one_prompt(input_ids, None, check_model(model))
 
     out = model(input_ids=ids, use_cache=True, logits_to_keep=1)  # prefill; only the last logits are used
     cache, logits = out.past_key_values, out.logits[0, -1:].float()  # one row: the root
@@ -334,18 +334,6 @@ def _check_branching(branching) -> tuple[int, ...]:
         raise ValueError(f"branching must be a non-empty tuple of integers >= 1 (children per node, "
                          f"level by level), got {branching!r}")
     return tuple(branching)
-
-
-def _prompt(input_ids, model) -> torch.Tensor:
-    """One prompt as a LongTensor ``[1, seq]`` on the model's device (a flat list of ids is one prompt)."""
-    check_model(model)
-    if isinstance(input_ids, (list, tuple)) and input_ids and not isinstance(input_ids[0], (list, tuple, str)):
-        input_ids = [input_ids]
-    ids, _ = prompt_batch(input_ids, None, None, model)
-    if ids.shape[0] != 1:
-        raise ValueError(f"input_ids must be one prompt: a LongTensor of shape [1, seq] or a list of ids, "
-                         f"got {ids.shape[0]} prompts")
-    return ids
 
 
 def _check_tokens(tokens, n: int, model, device) -> torch.Tensor:
