@@ -101,12 +101,13 @@ def test_beam_search_early_stopping_must_be_exactly_true_false_or_never():
             ll.beam_search(ll.toy_bigram(6), [[1]], num_beams=2, max_new_tokens=2, early_stopping=value)
 
 
-def test_beam_search_refuses_more_beams_than_tokens():
-    # With 6 tokens, a 7th beam could only be a placeholder scored -1e9.
-    with pytest.raises(ValueError, match="num_beams"):
-        ll.beam_search(ll.toy_bigram(6), [[1]], num_beams=7, max_new_tokens=2)
-    assert len(ll.beam_search(ll.toy_bigram(6), [[1]], num_beams=6, max_new_tokens=2,
-                              num_return_sequences=6).hypotheses[0]) == 6
+def test_beam_search_returns_no_placeholder_hypotheses():
+    # With 6 tokens and one new token there are 6 sequences: a 7th hypothesis could only be a
+    # placeholder scored -1e9, so only the 6 real ones come back.
+    hyps = ll.beam_search(ll.toy_bigram(6), [[1]], num_beams=7, max_new_tokens=1, eos_token_id=[],
+                          num_return_sequences=7).hypotheses[0]
+    assert len(hyps) == 6 and len({tuple(h.tokens.tolist()) for h in hyps}) == 6
+    assert all(h.score > -1e8 for h in hyps)
 
 
 class NaNModel(torch.nn.Module):

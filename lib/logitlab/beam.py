@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ._validate import check_logits
-from .decoding import check_counts, check_model, eos_ids, forward, model_device, now, prompt_batch, vocab_size
+from .decoding import check_counts, check_model, eos_ids, forward, model_device, now, prompt_batch
 
 NEG = -1.0e9  # the score that marks an empty or forbidden slot, as in Hugging Face
 
@@ -110,11 +110,12 @@ def beam_search(
     ``input_ids`` is given as to ``ll.generate``: a LongTensor ``[batch, seq]`` (left-padded with
     ``attention_mask``), a list of token-id lists, or text with ``tokenizer``. ``eos_token_id``
     is an id or a list of ids; ``None`` takes the model's ``generation_config`` (``[]`` for none).
-    Returns the ``num_return_sequences`` best finished hypotheses of each prompt.
+    Returns the ``num_return_sequences`` best finished hypotheses of each prompt (fewer when fewer
+    sequences are possible, e.g. more beams than tokens for one new token).
     """
     check_model(model)
     num_beams, max_new_tokens, length_penalty, num_return_sequences = _check_arguments(
-        num_beams, max_new_tokens, length_penalty, early_stopping, num_return_sequences, vocab_size(model))
+        num_beams, max_new_tokens, length_penalty, early_stopping, num_return_sequences)
     eos = eos_ids(eos_token_id, model)
     device = model_device(model)
     ids, mask = prompt_batch(input_ids, attention_mask, tokenizer, model)
@@ -239,6 +240,8 @@ class _Beams:
         for b in range(self.stored.shape[0]):
             hyps = []
             for slot in range(count):
+                if self.stored_scores[b, slot] <= NEG / 2:
+                    break  # fewer possible sequences than asked for: no placeholder hypotheses
                 tokens = self.stored[b, slot][self.stored[b, slot] >= 0]
                 score = self.stored_scores[b, slot].item()
                 reason = "eos" if self.eos and tokens[-1].item() in self.eos else "length"
@@ -258,14 +261,13 @@ def _newly_stored(stored, stored_scores, merged, nb, step):
     return out
 
 
-def _check_arguments(num_beams, max_new_tokens, length_penalty, early_stopping, num_return_sequences, vocab):
+def _check_arguments(num_beams, max_new_tokens, length_penalty, early_stopping, num_return_sequences):
     """Validate beam search's own arguments; numpy numbers are fine. Returns them as Python numbers."""
     def integer(v):
         return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
-    if not integer(num_beams) or not 1 <= num_beams <= (vocab or num_beams):
-        raise ValueError(f"num_beams must be an integer in [1, {vocab}] (at most one beam per token of the "
-                         f"vocabulary), got {num_beams!r}")
+    if not integer(num_beams) or num_beams < 1:
+        raise ValueError(f"num_beams must be an integer >= 1, got {num_beams!r}")
     max_new_tokens = check_counts(max_new_tokens)[0]
     if isinstance(length_penalty, bool) or not isinstance(length_penalty, numbers.Real) \
             or not math.isfinite(length_penalty):
