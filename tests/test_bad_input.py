@@ -67,3 +67,58 @@ def test_numpy_and_int_temperatures_work_everywhere(temperature):
         a = sampler(LOGITS.expand(50, -1), temperature, torch.Generator().manual_seed(0))
         b = sampler(LOGITS.expand(50, -1), t, torch.Generator().manual_seed(0))
         assert torch.equal(a, b)
+
+
+# ---------------------------------------------------------------- temperature overflow
+
+
+@pytest.mark.parametrize("logits, temperature", [
+    (torch.tensor([[1.0, 3.0, 2.0, -INF]]), 1e-39),  # 3 / 1e-39 is inf in float32
+    (torch.tensor([[-1.0, -3.0, -2.0, -INF]]), 1e-39),  # the row's maximum overflows to -inf
+    (torch.tensor([[1.0, 3.0, 2.0, -INF]]), 1e-46),  # T itself is 0 in float32: 0 / 0 was NaN
+    (torch.tensor([[0.0, -3.0, -2.0, -INF]]), 5e-324),
+    (torch.tensor([[1.0, 3.0, 2.0, -INF]], dtype=torch.float64), 5e-324),
+    (torch.tensor([[10.0, 9.0, 8.0, -INF]]).half(), 1e-4),
+    (torch.tensor([[60000.0, 1.0, 0.0, -INF]]).half(), 0.5),  # not even a small temperature
+    (torch.tensor([[1.0, 3.0, 2.0, -INF]]).bfloat16(), 1e-39),
+])
+def test_a_temperature_that_overflows_the_division_tends_to_greedy(logits, temperature):
+    one_hot = torch.zeros_like(logits)
+    one_hot[0, logits[0].float().argmax()] = 1
+    scaled = ll.apply_temperature(logits, temperature)
+    assert finite_or_neginf(scaled) and scaled.max() == 0 and torch.isneginf(scaled[0, 3])
+    assert torch.equal(ll.softmax(logits, temperature), one_hot)
+    logp = ll.log_softmax(logits, temperature)
+    assert finite_or_neginf(logp) and torch.equal(logp.exp(), one_hot)
+    assert ll.entropy(ll.softmax(logits, temperature).float()).item() == 0
+    assert ll.kl(one_hot.float(), ll.softmax(logits, temperature).float()).item() == 0
+    assert ll.tv_distance(one_hot.float(), ll.softmax(logits, temperature).float()).item() == 0
+    for sampler in (ll.sample, ll.gumbel_max):
+        tokens = sampler(logits.expand(200, -1), temperature, torch.Generator().manual_seed(0))
+        assert (tokens == logits[0].float().argmax()).all()
+
+
+def test_tiny_temperature_splits_ties_evenly_as_the_limit_does():
+    logits = torch.tensor([[5.0, 1.0, 5.0]])
+    assert torch.equal(ll.softmax(logits, 1e-39), torch.tensor([[0.5, 0.0, 0.5]]))
+    assert torch.equal(ll.softmax(logits - 5, 1e-46), torch.tensor([[0.5, 0.0, 0.5]]))  # 0 / 0 at the ties
+    assert torch.equal(ll.softmax(torch.zeros(1, 1), 1e-46), torch.ones(1, 1))
+    for sampler in (ll.sample, ll.gumbel_max):
+        counts = sampler(logits.expand(4000, -1), 1e-39, torch.Generator().manual_seed(1)).bincount(minlength=3)
+        assert counts[1] == 0 and 1800 < counts[0] < 2200
+
+
+def test_temperature_without_overflow_is_still_a_plain_division():
+    logits = torch.tensor([[2.0, 1.0, -INF], [-40.0, 0.5, 3.0]])
+    for t in (1e-30, 0.01, 0.5, 3.0):
+        assert torch.equal(ll.apply_temperature(logits, t), logits / t)
+
+
+def test_distributions_on_different_devices_name_the_argument():
+    p = torch.tensor([[0.5, 0.5]])
+    elsewhere = torch.tensor([[0.25, 0.75]], device="meta")
+    for distance in (ll.kl, ll.tv_distance):
+        with pytest.raises(ValueError, match="^q is on meta but p is on cpu"):
+            distance(p, elsewhere)
+        with pytest.raises(ValueError, match="^q must be"):
+            distance(p, [[0.5, 0.5]])
