@@ -122,3 +122,103 @@ def test_distributions_on_different_devices_name_the_argument():
             distance(p, elsewhere)
         with pytest.raises(ValueError, match="^q must be"):
             distance(p, [[0.5, 0.5]])
+
+
+# ---------------------------------------------------------------- processors and penalties
+
+PREV = torch.tensor([[1, 2, 2]])
+
+
+def test_truncation_and_penalties_take_numpy_numbers():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0]])
+    assert torch.equal(processors.top_k(logits, np.int64(2)), processors.top_k(logits, 2))
+    assert torch.equal(processors.top_p(logits, np.float32(0.5), np.int32(2)), processors.top_p(logits, 0.5, 2))
+    assert torch.equal(processors.min_p(logits, np.float64(0.2)), processors.min_p(logits, 0.2))
+    assert torch.equal(processors.typical(logits, np.float32(0.5)), processors.typical(logits, float(np.float32(0.5))))
+    assert repr(processors.TopK(np.int64(2))) == "TopK(k=2)"
+    assert repr(processors.TopP(np.float64(0.5), np.int64(2))) == "TopP(p=0.5, min_tokens_to_keep=2)"
+    for rule in (penalties.repetition_penalty, penalties.presence_penalty, penalties.frequency_penalty):
+        assert torch.equal(rule(logits, PREV, np.float32(1.5), np.int64(3)), rule(logits, PREV, 1.5, 3))
+    assert repr(penalties.PresencePenalty(np.float64(0.5), np.int64(1))) == (
+        "PresencePenalty(penalty=0.5, prompt_length=1, pad_token_id=None)")
+
+
+HF_CLASSES = [processors.TopK(2), processors.TopP(0.5), processors.MinP(0.1), processors.Typical(0.5),
+              penalties.RepetitionPenalty(1.2), penalties.PresencePenalty(0.5, 1), penalties.FrequencyPenalty(0.5)]
+
+
+@pytest.mark.parametrize("processor", HF_CLASSES, ids=lambda p: type(p).__name__)
+@pytest.mark.parametrize("scores", [torch.zeros(1, 3, dtype=torch.long), torch.tensor([[0.0, math.nan, 1.0]]),
+                                    torch.tensor([[-INF, -INF, -INF]]), [[0.0, 1.0, 2.0]]],
+                         ids=["int", "nan", "all -inf", "list"])
+def test_hugging_face_processors_name_scores(processor, scores):
+    with pytest.raises(ValueError, match="^scores "):
+        processor(torch.tensor([[0, 1]]), scores)
+
+
+@pytest.mark.parametrize("processor", HF_CLASSES[4:], ids=lambda p: type(p).__name__)
+@pytest.mark.parametrize("input_ids", [torch.tensor([[0.0, 1.0]]), torch.tensor([0, 1]), [[0, 1]],
+                                       torch.tensor([[0, 1], [1, 2]])], ids=["float", "1-D", "list", "batch of 2"])
+def test_hugging_face_penalties_name_input_ids(processor, input_ids):
+    with pytest.raises(ValueError, match="^input_ids "):
+        processor(input_ids, torch.zeros(1, 3))
+
+
+@pytest.mark.parametrize("rule, penalty, logits", [
+    (penalties.repetition_penalty, 1e-39, torch.tensor([[1.0, 3.0, 2.0]])),  # 3 / 1e-39 is inf
+    (penalties.repetition_penalty, 1e38, torch.tensor([[1.0, -4.0, 2.0]])),  # -4e38 is -inf
+    (penalties.repetition_penalty, 1e-5, torch.tensor([[1.0, 3.0, 2.0]]).half()),
+    (penalties.presence_penalty, 1e5, torch.tensor([[1.0, 3.0, 2.0]]).half()),  # past -65504
+    (penalties.presence_penalty, -1e5, torch.tensor([[1.0, 3.0, 2.0]]).half()),
+    (penalties.frequency_penalty, 4e4, torch.tensor([[1.0, 3.0, 2.0]]).half()),  # 2 counts: -8e4
+    (penalties.frequency_penalty, -1e308, torch.tensor([[1.0, 2.0, -INF]], dtype=torch.float64)),  # -inf + inf
+])
+def test_a_penalty_that_overflows_the_logits_raises(rule, penalty, logits):
+    with pytest.raises(ValueError, match="^" + re.escape(f"penalty={penalty!r} pushes a penalised logit beyond the range")):
+        rule(logits, PREV, penalty)
+
+
+def test_large_penalties_that_fit_the_dtype_work():
+    logits = torch.tensor([[1.0, 3.0, 2.0]])
+    assert torch.allclose(penalties.repetition_penalty(logits, PREV, 1e-30), torch.tensor([[1.0, 3e30, 2e30]]))
+    assert torch.equal(penalties.presence_penalty(logits, PREV, 1e5), torch.tensor([[1.0, 3.0 - 1e5, 2.0 - 1e5]]))
+    assert torch.equal(penalties.frequency_penalty(logits.half(), PREV, 2e4)[0, 1], torch.tensor(3.0 - 2e4).half())
+    removed = torch.tensor([[1.0, -INF, -3.0]])  # a removed token stays removed
+    assert torch.isneginf(penalties.repetition_penalty(removed, PREV, 1e-39)[0, 1])
+
+
+def test_apply_penalties_is_the_three_in_order_and_names_samplingconfigs_fields():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 20, generator=gen)
+    context = torch.randint(0, 20, (2, 12), generator=gen)
+    output = context[:, 8:]
+    expected = penalties.repetition_penalty(logits, context, 1.3)
+    expected = penalties.frequency_penalty(penalties.presence_penalty(expected, output, 0.4), output, 0.2)
+    got = penalties.apply_penalties(logits, context, output, repetition_penalty=1.3, presence_penalty=0.4,
+                                    frequency_penalty=0.2)
+    assert torch.equal(got, expected)
+    assert torch.equal(penalties.apply_penalties(logits, context, output, repetition_penalty=1.0), logits)
+    assert torch.equal(penalties.apply_penalties(logits, presence_penalty=0.5), logits)  # no tokens yet
+    for kwargs, name in [
+        (dict(repetition_penalty=0.0), "repetition_penalty"), (dict(presence_penalty=math.nan), "presence_penalty"),
+        (dict(frequency_penalty=True), "frequency_penalty"), (dict(repetition_penalty=1e-39), "repetition_penalty"),
+        (dict(context=context.float()), "context"), (dict(output=output[:1]), "output"),
+        (dict(context=context[0]), "context"), (dict(output=output.to("meta")), "output"),
+    ]:
+        kwargs = {"context": context, "output": output, **kwargs}
+        with pytest.raises(ValueError, match=f"^{name}"):
+            penalties.apply_penalties(logits, **kwargs)
+
+
+def test_penalties_tokens_on_another_device_name_the_argument():
+    with pytest.raises(ValueError, match="^prev_tokens is on meta but logits is on cpu"):
+        penalties.frequency_penalty(torch.zeros(1, 3), PREV.to("meta"), 0.5)
+
+
+def test_no_module_here_imports_a_private_name_from_another():
+    package = pathlib.Path(ll.__file__).parent
+    for module in ("probs", "sampling", "processors", "penalties", "best_of_n"):
+        for node in ast.walk(ast.parse((package / f"{module}.py").read_text())):
+            if isinstance(node, ast.ImportFrom):
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                assert not private, f"{module} imports {private} from {node.module}"
