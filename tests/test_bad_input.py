@@ -222,3 +222,93 @@ def test_no_module_here_imports_a_private_name_from_another():
             if isinstance(node, ast.ImportFrom):
                 private = [a.name for a in node.names if a.name.startswith("_")]
                 assert not private, f"{module} imports {private} from {node.module}"
+
+
+# ---------------------------------------------------------------- sampling
+
+
+def test_gumbel_max_keeps_its_noise_on_large_logits():
+    # 1e8 + noise rounds to 1e8 in float32: without measuring from the row maximum every tie
+    # went to token 0.
+    for logits in (torch.tensor([[1e8, 1e8]]), torch.tensor([[1e39, 1e39]], dtype=torch.float64)):
+        counts = ll.gumbel_max(logits.expand(4000, -1), generator=torch.Generator().manual_seed(2)).bincount()
+        assert 1800 < counts[0] < 2200
+
+
+def test_float64_logits_beyond_float32_are_sampled_not_refused():
+    logits = torch.tensor([[1e39, 0.0, -1e39]], dtype=torch.float64)
+    for sampler in (ll.sample, ll.gumbel_max):
+        assert sampler(logits).item() == 0
+        assert sampler(-logits).item() == 2
+
+
+# ---------------------------------------------------------------- SamplingConfig and next_token
+
+
+def test_sampling_config_takes_numpy_numbers_and_keeps_python_ones():
+    config = SamplingConfig(temperature=np.float64(0.7), top_k=np.int64(50), top_p=np.float32(0.5),
+                            min_p=np.float64(0.05), typical_p=np.float64(0.9), repetition_penalty=np.float64(1.2),
+                            presence_penalty=np.int64(1), frequency_penalty=np.float16(0.5))
+    assert config == SamplingConfig(temperature=0.7, top_k=50, top_p=float(np.float32(0.5)), min_p=0.05,
+                                    typical_p=0.9, repetition_penalty=1.2, presence_penalty=1.0, frequency_penalty=0.5)
+    assert type(config.top_k) is int and type(config.temperature) is float and type(config.presence_penalty) is float
+    gen = torch.Generator().manual_seed(0)
+    tokens, _ = next_token(torch.randn(3, 100, generator=gen), config, generator=gen)
+    assert tokens.shape == (3,)
+    out = ll.generate(ll.toy_bigram(), [[1]], max_new_tokens=3, temperature=np.float32(0.7), top_k=np.int64(3),
+                      generator=torch.Generator().manual_seed(0))
+    assert len(out.new_tokens[0]) >= 1
+
+
+@pytest.mark.parametrize("field, value", [
+    ("temperature", True), ("temperature", np.float32("nan")), ("top_k", True), ("top_k", 2.0), ("top_k", np.float64(2)),
+    ("top_p", np.float64(1.5)), ("top_p", False), ("min_p", "0.1"), ("typical_p", 0), ("repetition_penalty", 0),
+    ("presence_penalty", math.inf), ("frequency_penalty", True),
+])
+def test_sampling_config_names_the_bad_field(field, value):
+    with pytest.raises(ValueError, match=f"^{field} must be"):
+        SamplingConfig(**{field: value})
+
+
+@pytest.mark.parametrize("config", [None, {"temperature": 0.7}, 0.7, "greedy"])
+def test_next_token_and_process_logits_want_a_sampling_config(config):
+    for function in (next_token, process_logits):
+        with pytest.raises(ValueError, match="^config must be a SamplingConfig"):
+            function(LOGITS, config)
+
+
+def test_process_logits_names_context_and_output():
+    logits = torch.randn(2, 10)
+    config = SamplingConfig(repetition_penalty=1.2, presence_penalty=0.5)
+    good = torch.zeros(2, 3, dtype=torch.long)
+    for kwargs, name in [(dict(context=good.float()), "context"), (dict(context=good[:1]), "context"),
+                         (dict(output=[[0, 1], [1, 2]]), "output"), (dict(output=good[0]), "output")]:
+        for function in (next_token, process_logits):
+            with pytest.raises(ValueError, match=f"^{name} "):
+                function(logits, config, **kwargs)
+
+
+def test_an_overflowing_penalty_in_a_config_is_named_as_the_config_names_it():
+    with pytest.raises(ValueError, match="^repetition_penalty=1e-39 pushes"):
+        next_token(torch.tensor([[1.0, 3.0, 2.0]]), SamplingConfig(repetition_penalty=1e-39), context=PREV)
+    with pytest.raises(ValueError, match="^presence_penalty=100000.0 pushes"):
+        process_logits(torch.tensor([[1.0, 3.0, 2.0]]).half(), SamplingConfig(presence_penalty=1e5), output=PREV)
+
+
+@pytest.mark.parametrize("shape", [(7,), (2, 3, 7)])
+def test_penalties_with_no_tokens_yet_work_for_any_leading_dims(shape):
+    # Without context the penalties once made a [shape[0], 0] tensor: wrong unless 2-D.
+    logits = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    config = SamplingConfig(repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.5, top_k=3)
+    tokens, processed = next_token(logits, config)
+    assert tokens.shape == shape[:-1] and torch.equal(processed, process_logits(logits, config))
+
+
+@pytest.mark.parametrize("logits, temperature", [(torch.tensor([[1.0, 3.0, 2.0, 0.0]]), 1e-39),
+                                                 (torch.tensor([[10.0, 9.0, 8.0, 0.0]]).half(), 1e-4)])
+def test_next_token_at_a_tiny_temperature_is_greedy(logits, temperature):
+    for config in (SamplingConfig(temperature=temperature), SamplingConfig(temperature=temperature, top_p=0.9),
+                   SamplingConfig(temperature=temperature, top_k=2, min_p=0.1, typical_p=0.9)):
+        tokens, processed = next_token(logits.expand(100, -1), config, generator=torch.Generator().manual_seed(0))
+        assert (tokens == logits[0].float().argmax()).all()
+        assert finite_or_neginf(processed)
