@@ -312,3 +312,42 @@ def test_next_token_at_a_tiny_temperature_is_greedy(logits, temperature):
         tokens, processed = next_token(logits.expand(100, -1), config, generator=torch.Generator().manual_seed(0))
         assert (tokens == logits[0].float().argmax()).all()
         assert finite_or_neginf(processed)
+
+
+# ---------------------------------------------------------------- best-of-N
+
+
+def run_best_of_n(**kwargs):
+    return ll.best_of_n(ll.toy_bigram(vocab_size=5, seed=2), [[1]], max_new_tokens=3, eos_token_id=[],
+                        generator=torch.Generator().manual_seed(0), **kwargs)
+
+
+@pytest.mark.parametrize("nan_row", [0, 1, 2])
+def test_best_of_n_never_picks_a_nan_score(nan_row):
+    scores = torch.tensor([0.0, 1.0, 2.0])
+    scores[nan_row] = math.nan
+    with pytest.raises(ValueError, match=rf"^score\(result\) is NaN at rows \[{nan_row}\]"):
+        run_best_of_n(n=3, score=lambda result: scores)
+    result = run_best_of_n(n=3).result
+    with pytest.raises(ValueError, match=rf"^scores is NaN at rows \[{nan_row}\]"):
+        select_best(result, scores)
+
+
+def test_minus_inf_ranks_a_sample_last():
+    out = run_best_of_n(n=3, score=lambda result: torch.tensor([-INF, -5.0, -INF]))
+    assert out.best_rows == [1]
+    assert select_best(out.result, torch.tensor([-INF, -INF, -INF])) == [0]  # a tie: the first
+
+
+@pytest.mark.parametrize("scores", [[0.0, 1.0, 2.0], torch.zeros(3, 1), torch.zeros(2), torch.zeros(3, dtype=torch.complex64)],
+                         ids=["list", "[3, 1]", "[2]", "complex"])
+def test_scores_must_be_one_real_number_per_row(scores):
+    with pytest.raises(ValueError, match=r"^score\(result\) must be a real tensor of shape \[3\]"):
+        run_best_of_n(n=3, score=lambda result: scores)
+
+
+def test_best_of_n_takes_a_numpy_n_and_refuses_a_bool():
+    assert len(run_best_of_n(n=np.int64(2)).result.new_tokens) == 2
+    for n in (True, 2.0):
+        with pytest.raises(ValueError, match="^n must be an integer >= 1"):
+            run_best_of_n(n=n)
