@@ -3,15 +3,48 @@
 Every public function validates what it is given and raises a ``ValueError`` that names the
 argument and says what is allowed. Nothing is silently clamped: a temperature of -1 or a
 logits tensor full of NaN is a bug in the caller, and the earliest clear message is the kindest.
+
+Each check takes the argument's ``name`` as the caller typed it (``scores`` in a Hugging Face
+processor, ``logits`` in a function), so that the message points at the caller's own code.
+Numbers may be any real number type, Python's or NumPy's (``np.float32(0.7)``, ``np.int64(50)``),
+and are returned as plain Python numbers; a bool is not a number here (``top_k=True`` is a bug).
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
 from .devices import exact_dtype
+
+
+def check_number(value, name: str, allowed: str, ok) -> float:
+    """Return ``value`` as a float if it is a real number (not a bool, not NaN) for which
+    ``ok(value)`` holds; otherwise raise, saying that ``name`` must be ``allowed``.
+
+    >>> check_number(1, "top_p", "a number in (0, 1]", lambda v: 0 < v <= 1)
+    1.0
+    """
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:  # an int too large for a float: beyond every range, as inf is
+            number = math.inf if value > 0 else -math.inf
+        if not math.isnan(number) and ok(number):
+            return number
+    raise ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
+def check_int(value, name: str, minimum: int, allowed: str | None = None) -> int:
+    """Return ``value`` as an int if it is an integer (not a bool) >= ``minimum``.
+
+    ``2.0`` is refused: where a count is expected, a float is usually a computation gone wrong.
+    """
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum:
+        return int(value)
+    raise ValueError(f"{name} must be {allowed or f'an integer >= {minimum}'}, got {value!r}")
 
 
 def check_logits(logits, name: str = "logits") -> torch.Tensor:
@@ -36,13 +69,32 @@ def check_logits(logits, name: str = "logits") -> torch.Tensor:
     return logits
 
 
-def check_temperature(temperature) -> float:
+def check_temperature(temperature, name: str = "temperature") -> float:
     """A temperature is a finite number >= 0 (0 meaning greedy)."""
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
-    if math.isnan(temperature) or math.isinf(temperature) or temperature < 0:
-        raise ValueError(f"temperature must be a finite number >= 0 (0 means greedy), got {temperature}")
-    return float(temperature)
+    return check_number(temperature, name, "a finite number >= 0 (0 means greedy)", lambda v: 0 <= v < math.inf)
+
+
+def check_token_ids(tokens, name: str, logits: torch.Tensor, logits_name: str = "logits") -> torch.Tensor:
+    """Earlier tokens for a penalty: a LongTensor ``[batch, seq]`` (``seq`` may be 0) with the
+    leading dimensions of ``logits`` and on its device. Values are not checked: negative ids
+    are padding, and ids >= vocab cannot come from this output layer, so neither is counted."""
+    if not isinstance(tokens, torch.Tensor) or tokens.dtype != torch.long:
+        got = tokens.dtype if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+        raise ValueError(f"{name} must be a LongTensor [batch, seq] of token ids, got {got}")
+    if tokens.dim() != logits.dim() or tokens.shape[:-1] != logits.shape[:-1]:
+        raise ValueError(
+            f"{name} must be [batch, seq] with the batch of {logits_name} {tuple(logits.shape)}, "
+            f"got shape {tuple(tokens.shape)}"
+        )
+    check_same_device(tokens, name, logits, logits_name)
+    return tokens
+
+
+def check_same_device(a: torch.Tensor, a_name: str, b: torch.Tensor, b_name: str) -> None:
+    """Two tensors of one computation must be on one device (torch's own error comes from deep
+    inside the kernel and names neither argument)."""
+    if a.device != b.device:
+        raise ValueError(f"{a_name} is on {a.device} but {b_name} is on {b.device}; move them to one device")
 
 
 def check_probs(p, name: str) -> torch.Tensor:

@@ -14,6 +14,11 @@ the model's own (unprocessed) log-probabilities of the sampled tokens:
 
 Any other score is a function ``score(result) -> Tensor [rows]``, for example a reward model,
 a unit test that a generated program passes, or another model's log-probability.
+
+A score of NaN is refused with a ``ValueError`` rather than ranked: NaN compares false with
+everything, so which row "wins" would depend on where the NaN happens to sit, and ranking it
+last by a rule of our own would hide a scorer that is broken. A score that means "worst" is
+``-inf``, which ranks last as it should.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ._validate import check_int
 from .generate import GenerationResult, generate
 
 SCORES = ("logprob", "mean_logprob")
@@ -49,8 +55,7 @@ def sequence_scores(result: GenerationResult, score="mean_logprob") -> torch.Ten
     """The score of every row of ``result`` ``[rows]``: ``"logprob"``, ``"mean_logprob"`` or a function."""
     if callable(score):
         scores = score(result)
-        if not isinstance(scores, torch.Tensor) or scores.shape != (len(result.new_tokens),):
-            raise ValueError(f"score(result) must return a tensor of shape [{len(result.new_tokens)}], one per row")
+        _check_scores(scores, len(result.new_tokens), "score(result)")
         return scores.float()
     if score not in SCORES:
         raise ValueError(f"score must be one of {SCORES} or a function of the result, got {score!r}")
@@ -63,13 +68,22 @@ def sequence_scores(result: GenerationResult, score="mean_logprob") -> torch.Ten
 
 def select_best(result: GenerationResult, scores: torch.Tensor) -> list[int]:
     """For each prompt, the row with the highest score (the first such row on a tie)."""
-    if not isinstance(scores, torch.Tensor) or scores.shape != (len(result.prompt_index),):
-        raise ValueError(f"scores must be a tensor of shape [{len(result.prompt_index)}], one per row of result")
+    _check_scores(scores, len(result.prompt_index), "scores")
     best = {}
     for row, prompt in enumerate(result.prompt_index):
         if prompt not in best or scores[row] > scores[best[prompt]]:
             best[prompt] = row
     return [best[p] for p in sorted(best)]
+
+
+def _check_scores(scores, rows: int, name: str) -> None:
+    """One real number per row, none of them NaN (see the module's docstring)."""
+    if not isinstance(scores, torch.Tensor) or scores.shape != (rows,) or scores.is_complex():
+        got = tuple(scores.shape) if isinstance(scores, torch.Tensor) else type(scores).__name__
+        raise ValueError(f"{name} must be a real tensor of shape [{rows}], one score per row, got {got}")
+    if scores.is_floating_point() and bool(scores.isnan().any()):
+        nan_rows = scores.isnan().nonzero().flatten().tolist()
+        raise ValueError(f"{name} is NaN at rows {nan_rows}; every sample needs a number (-inf ranks it last)")
 
 
 def best_of_n(model, input_ids, *, n: int, score="mean_logprob", **generate_kwargs) -> BestOfN:
@@ -78,8 +92,7 @@ def best_of_n(model, input_ids, *, n: int, score="mean_logprob", **generate_kwar
     ``generate_kwargs`` go to ``ll.generate`` (``max_new_tokens``, ``temperature``, ``top_p``,
     ``tokenizer``, ``generator``, ...); ``num_return_sequences`` is ``n``.
     """
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"n must be an integer >= 1, got {n!r}")
+    n = check_int(n, "n", minimum=1)
     if "num_return_sequences" in generate_kwargs:
         raise ValueError("num_return_sequences: best_of_n sets it to n; pass n= instead")
     if not callable(score) and score not in SCORES:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from ._validate import check_logits, check_probs, check_temperature
+from ._validate import check_logits, check_probs, check_same_device, check_temperature
 
 
 def apply_temperature(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -32,8 +32,17 @@ def apply_temperature(logits: torch.Tensor, temperature: float = 1.0) -> torch.T
     The greedy limit is written as logits too: ``0`` at the argmax and ``-inf`` elsewhere, so
     that ``softmax`` and ``log_softmax`` of the result are the one-hot distribution.
 
+    When ``logits / T`` would overflow (a tiny ``T``, or half-precision logits: 60000 / 0.5 is
+    past float16's largest number), each row's maximum is subtracted first. That gives the same
+    distribution, since softmax ignores a constant added to a row, with every finite logit kept
+    finite: the maximum becomes 0, and a logit becomes ``-inf`` only if its probability is 0
+    in this dtype anyway. Otherwise the result is exactly ``logits / T``, as Hugging Face's
+    ``TemperatureLogitsWarper``.
+
     >>> apply_temperature(torch.tensor([2.0, 1.0]), 0.5)
     tensor([4., 2.])
+    >>> apply_temperature(torch.tensor([2.0, 1.0]), 1e-39)
+    tensor([0., -inf])
     """
     check_logits(logits)
     temperature = check_temperature(temperature)
@@ -43,7 +52,15 @@ def apply_temperature(logits: torch.Tensor, temperature: float = 1.0) -> torch.T
         return out.scatter(-1, greedy_ids, 0.0)
     if temperature == 1.0:
         return logits
-    return logits / temperature
+    scaled = logits / temperature
+    # Only T < 1 can overflow. An overflow makes a finite logit infinite: +inf (and softmax
+    # NaN), or -inf for the row's largest logit (every logit -inf, NaN again). A T below the
+    # dtype's smallest number is 0 to torch, and 0 / 0 is NaN.
+    if temperature < 1 and bool((torch.isfinite(logits) & ~torch.isfinite(scaled)).any()):
+        below_max = logits - logits.amax(dim=-1, keepdim=True)
+        # The maximum (and any tie with it) is 0 at every T, even one that rounds to 0.
+        scaled = torch.where(below_max == 0, 0.0, below_max / temperature)
+    return scaled
 
 
 def softmax(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -57,7 +74,7 @@ def softmax(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     tensor([[0., 1., 0.]])
     """
     # torch.softmax subtracts the row maximum before exponentiating, so large logits do not
-    # overflow; that is the only numerical trick a softmax needs.
+    # overflow exp; apply_temperature does the same when the division itself would overflow.
     return torch.softmax(apply_temperature(logits, temperature), dim=-1)
 
 
@@ -84,20 +101,22 @@ def kl(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
     Not symmetric. It is ``+inf`` when ``q`` gives probability 0 to a token that ``p`` can emit.
     """
-    check_probs(p, "p")
-    check_probs(q, "q")
-    _check_same_shape(p, q)
+    _check_pair(p, q)
     return (torch.xlogy(p, p) - torch.xlogy(p, q)).sum(dim=-1)
 
 
 def tv_distance(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """Total variation distance ``max_A |p(A) - q(A)| = 0.5 * sum_i |p_i - q_i|``, in [0, 1]."""
-    check_probs(p, "p")
-    check_probs(q, "q")
-    _check_same_shape(p, q)
+    _check_pair(p, q)
     return 0.5 * (p - q).abs().sum(dim=-1)
 
 
-def _check_same_shape(p: torch.Tensor, q: torch.Tensor) -> None:
+def _check_pair(p, q) -> None:
+    """Two distributions over one vocabulary: same shape, same device."""
+    check_probs(p, "p")
+    if not isinstance(q, torch.Tensor):
+        raise ValueError(f"q must be a floating-point torch.Tensor of probabilities, got {type(q).__name__}")
     if p.shape != q.shape:
         raise ValueError(f"p and q must have the same shape, got {tuple(p.shape)} and {tuple(q.shape)}")
+    check_same_device(q, "q", p, "p")
+    check_probs(q, "q")

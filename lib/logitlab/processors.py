@@ -16,12 +16,10 @@ breaks ties and how it avoids HF's sort of the whole vocabulary without changing
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 from transformers import LogitsProcessor
 
-from ._validate import check_logits
+from ._validate import check_int, check_logits, check_number
 from .devices import exact_dtype
 
 _NEG_INF = float("-inf")
@@ -42,7 +40,7 @@ def top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
     tensor([-inf, 3., 2., -inf])
     """
     check_logits(logits)
-    k = _check_int(k, "k", minimum=1)
+    k = check_int(k, "k", minimum=1)
     kth_largest = torch.topk(logits, min(k, logits.shape[-1]), dim=-1).values[..., -1:]
     return logits.masked_fill(logits < kth_largest, _NEG_INF)
 
@@ -77,8 +75,8 @@ def top_p(logits: torch.Tensor, p: float, min_tokens_to_keep: int = 1) -> torch.
     tensor([-0.6931, -1.3863,    -inf,    -inf])
     """
     check_logits(logits)
-    p = _check_number(p, "p", "(0, 1]", lambda v: 0 < v <= 1)
-    m = _check_int(min_tokens_to_keep, "min_tokens_to_keep", minimum=1)
+    p = check_number(p, "p", "a number in (0, 1]", lambda v: 0 < v <= 1)
+    m = check_int(min_tokens_to_keep, "min_tokens_to_keep", minimum=1)
     if p == 1.0:
         return logits.clone()
     vocab = logits.shape[-1]
@@ -154,7 +152,7 @@ def _softmax_parts(logits: torch.Tensor, scratch: torch.Tensor | None = None):
     top = logits.amax(dim=-1, keepdim=True)
     exp = torch.sub(logits, top, out=scratch).exp_()
     # In slices: a float64 copy of the whole row would cost more than the sum itself.
-    exp_sum = sum(part.sum(dim=-1, keepdim=True, dtype=_accumulator(exp)) for part in exp.split(1024, dim=-1))
+    exp_sum = sum(part.sum(dim=-1, keepdim=True, dtype=exact_dtype(exp.device)) for part in exp.split(1024, dim=-1))
     inverse = 1 / exp_sum.to(logits.dtype)
     # Each probability is rounded, but over a whole row the roundings cancel out.
     return top, inverse, exp_sum * inverse
@@ -204,8 +202,8 @@ def min_p(logits: torch.Tensor, p: float, min_tokens_to_keep: int = 1) -> torch.
     tensor([-0.6931, -1.3863,    -inf,    -inf])
     """
     check_logits(logits)
-    p = _check_number(p, "p", "[0, 1]", lambda v: 0 <= v <= 1)
-    m = _check_int(min_tokens_to_keep, "min_tokens_to_keep", minimum=1)
+    p = check_number(p, "p", "a number in [0, 1]", lambda v: 0 <= v <= 1)
+    m = check_int(min_tokens_to_keep, "min_tokens_to_keep", minimum=1)
     probs = torch.softmax(logits, dim=-1)
     remove = probs < p * probs.amax(dim=-1, keepdim=True)
     most_likely = torch.topk(probs, min(m, logits.shape[-1]), dim=-1).indices
@@ -224,8 +222,8 @@ def typical(logits: torch.Tensor, mass: float, min_tokens_to_keep: int = 1) -> t
     same sort as HF, so the same tokens, ties included.
     """
     check_logits(logits)
-    mass = _check_number(mass, "mass", "(0, 1]", lambda v: 0 < v <= 1)
-    m = _check_int(min_tokens_to_keep, "min_tokens_to_keep", minimum=1)
+    mass = check_number(mass, "mass", "a number in (0, 1]", lambda v: 0 < v <= 1)
+    m = check_int(min_tokens_to_keep, "min_tokens_to_keep", minimum=1)
     if mass == 1.0:
         return logits.clone()
     vocab = logits.shape[-1]
@@ -243,71 +241,61 @@ def typical(logits: torch.Tensor, mass: float, min_tokens_to_keep: int = 1) -> t
     return rows.masked_fill(remove, _NEG_INF).reshape(logits.shape)
 
 
-class _Processor(LogitsProcessor):
-    """A rule as a Hugging Face ``LogitsProcessor``: called as ``(input_ids, scores)``."""
+class Processor(LogitsProcessor):
+    """A rule as a Hugging Face ``LogitsProcessor``: called as ``(input_ids, scores)``, with a
+    readable ``repr``. The base of every processor class here and in ``logitlab.penalties``.
+
+    Each subclass's ``__call__`` checks ``scores`` before passing it on, so that a bad tensor
+    is reported under the name Hugging Face gives it rather than the function's ``logits``.
+    """
 
     def __repr__(self) -> str:
         args = ", ".join(f"{name}={value!r}" for name, value in vars(self).items())
         return f"{type(self).__name__}({args})"
 
 
-class TopK(_Processor):
+class TopK(Processor):
     """``top_k`` as a logits processor: ``TopK(50)``."""
 
     def __init__(self, k: int):
-        self.k = _check_int(k, "k", minimum=1)
+        self.k = check_int(k, "k", minimum=1)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        check_logits(scores, "scores")
         return top_k(scores, self.k)
 
 
-class TopP(_Processor):
+class TopP(Processor):
     """``top_p`` as a logits processor: ``TopP(0.9)``."""
 
     def __init__(self, p: float, min_tokens_to_keep: int = 1):
-        self.p = _check_number(p, "p", "(0, 1]", lambda v: 0 < v <= 1)
-        self.min_tokens_to_keep = _check_int(min_tokens_to_keep, "min_tokens_to_keep", minimum=1)
+        self.p = check_number(p, "p", "a number in (0, 1]", lambda v: 0 < v <= 1)
+        self.min_tokens_to_keep = check_int(min_tokens_to_keep, "min_tokens_to_keep", minimum=1)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        check_logits(scores, "scores")
         return top_p(scores, self.p, self.min_tokens_to_keep)
 
 
-class MinP(_Processor):
+class MinP(Processor):
     """``min_p`` as a logits processor: ``MinP(0.05)``."""
 
     def __init__(self, p: float, min_tokens_to_keep: int = 1):
-        self.p = _check_number(p, "p", "[0, 1]", lambda v: 0 <= v <= 1)
-        self.min_tokens_to_keep = _check_int(min_tokens_to_keep, "min_tokens_to_keep", minimum=1)
+        self.p = check_number(p, "p", "a number in [0, 1]", lambda v: 0 <= v <= 1)
+        self.min_tokens_to_keep = check_int(min_tokens_to_keep, "min_tokens_to_keep", minimum=1)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        check_logits(scores, "scores")
         return min_p(scores, self.p, self.min_tokens_to_keep)
 
 
-class Typical(_Processor):
+class Typical(Processor):
     """``typical`` as a logits processor: ``Typical(0.9)``."""
 
     def __init__(self, mass: float, min_tokens_to_keep: int = 1):
-        self.mass = _check_number(mass, "mass", "(0, 1]", lambda v: 0 < v <= 1)
-        self.min_tokens_to_keep = _check_int(min_tokens_to_keep, "min_tokens_to_keep", minimum=1)
+        self.mass = check_number(mass, "mass", "a number in (0, 1]", lambda v: 0 < v <= 1)
+        self.min_tokens_to_keep = check_int(min_tokens_to_keep, "min_tokens_to_keep", minimum=1)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        check_logits(scores, "scores")
         return typical(scores, self.mass, self.min_tokens_to_keep)
-
-
-def _check_number(value, name: str, allowed: str, ok) -> float:
-    """A real number (not a bool) for which ``ok`` holds; NaN fails every range."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not ok(float(value)):
-        raise ValueError(f"{name} must be a number in {allowed}, got {value!r}")
-    return float(value)
-
-
-def _check_int(value, name: str, minimum: int) -> int:
-    """An integer (not a bool) >= ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def _accumulator(t: torch.Tensor) -> torch.dtype:
-    """float64 for sums that must not lose bits; MPS has no float64."""
-    return exact_dtype(t.device)

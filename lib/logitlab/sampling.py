@@ -12,11 +12,11 @@ gives the same tokens, which is what makes an experiment reproducible.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
-from ._validate import check_generator, check_logits, check_temperature
+from ._validate import check_generator, check_int, check_logits, check_number, check_temperature
 from .devices import exact_dtype
 from . import penalties
 from . import processors as rules
@@ -33,6 +33,12 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
+def _at_least_float32(logits: torch.Tensor) -> torch.Tensor:
+    """Half-precision logits in float32, for an accurate division by the temperature; float64
+    logits as they are (in float32, 1e39 would become +inf)."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
 def sample(
     logits: torch.Tensor, temperature: float = 1.0, generator: torch.Generator | None = None
 ) -> torch.Tensor:
@@ -47,7 +53,7 @@ def sample(
     check_generator(generator, logits.device)
     if temperature == 0.0:
         return greedy(logits)
-    scaled = apply_temperature(logits.float(), temperature)
+    scaled = apply_temperature(_at_least_float32(logits), temperature)
     # Unnormalised probabilities: the cumulative sum's last entry is the total, so dividing
     # every weight by it (the softmax's denominator) is not needed.
     weights = torch.exp(scaled - scaled.amax(dim=-1, keepdim=True))
@@ -89,12 +95,15 @@ def gumbel_max(
     check_generator(generator, logits.device)
     if temperature == 0.0:
         return greedy(logits)
-    scaled = apply_temperature(logits.float(), temperature)
+    scaled = apply_temperature(_at_least_float32(logits), temperature)
     u = torch.rand(scaled.shape, generator=generator, device=scaled.device, dtype=torch.float32)
     # rand draws from [0, 1): keep u away from 0 so that -log(u) stays finite.
     u = u.clamp_min(torch.finfo(torch.float32).tiny)
     gumbel = -torch.log(-torch.log(u))
-    return (scaled + gumbel).argmax(dim=-1)
+    # The noise is of order 1: added to a large logit it would be lost to rounding (1e8 + 1 is
+    # 1e8 in float32) and ties would always go to the lowest id. Measured from the row's
+    # maximum, the logits that matter are small.
+    return (scaled - scaled.amax(dim=-1, keepdim=True) + gumbel).argmax(dim=-1)
 
 
 # --- Sampling settings and the full next-token rule (chapters 2 and 3) -----------------------
@@ -110,7 +119,8 @@ class SamplingConfig:
     The rules are applied in one fixed order, the same as Hugging Face's where it has the rule:
 
     1. ``repetition_penalty`` (counts prompt and output tokens, like Hugging Face and CTRL);
-    2. ``presence_penalty`` then ``frequency_penalty`` (count output tokens only, like OpenAI);
+    2. ``presence_penalty`` then ``frequency_penalty`` (count output tokens only, like OpenAI)
+       (steps 1 and 2 are ``logitlab.penalties.apply_penalties``);
     3. ``temperature`` (divides the logits);
     4. truncation: ``top_k``, then ``top_p``, then ``min_p``, then ``typical_p``.
 
@@ -130,16 +140,27 @@ class SamplingConfig:
     frequency_penalty: float | None = None
 
     def __post_init__(self):
-        check_temperature(self.temperature)
-        _check_optional(self.top_k, "top_k", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
-                        "an integer >= 1")
-        _check_optional(self.top_p, "top_p", lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]")
-        _check_optional(self.min_p, "min_p", lambda v: _number(v) and 0 <= v <= 1, "a number in [0, 1]")
-        _check_optional(self.typical_p, "typical_p", lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]")
-        _check_optional(self.repetition_penalty, "repetition_penalty",
-                        lambda v: _number(v) and 0 < v < math.inf, "a finite number > 0 (1 means no penalty)")
+        checked = {
+            "temperature": check_temperature(self.temperature),
+            "top_k": _optional(check_int, self.top_k, "top_k", 1, "an integer >= 1, or None (off)"),
+            "top_p": _optional(check_number, self.top_p, "top_p", "a number in (0, 1], or None (off)",
+                               lambda v: 0 < v <= 1),
+            "min_p": _optional(check_number, self.min_p, "min_p", "a number in [0, 1], or None (off)",
+                               lambda v: 0 <= v <= 1),
+            "typical_p": _optional(check_number, self.typical_p, "typical_p", "a number in (0, 1], or None (off)",
+                                   lambda v: 0 < v <= 1),
+            "repetition_penalty": _optional(check_number, self.repetition_penalty, "repetition_penalty",
+                                            "a finite number > 0 (1 means no penalty), or None (off)",
+                                            lambda v: 0 < v < math.inf),
+        }
         for name in ("presence_penalty", "frequency_penalty"):
-            _check_optional(getattr(self, name), name, lambda v: _number(v) and math.isfinite(v), "a finite number")
+            checked[name] = _optional(check_number, getattr(self, name), name,
+                                      "a finite number (0 means no penalty), or None (off)", math.isfinite)
+        # Keep plain Python numbers (np.float32(0.7) becomes 0.7...), so that two equal configs
+        # compare and print alike whatever built them. The dataclass is frozen, hence object's
+        # __setattr__.
+        for field in fields(self):
+            object.__setattr__(self, field.name, checked[field.name])
 
 
 def process_logits(
@@ -164,12 +185,14 @@ def _penalise_and_truncate(logits, config: SamplingConfig, context, output):
     """The work of ``process_logits``, returning ``(values, ids)``: with top-k, ``values`` are
     the processed logits of the k survivors ``ids`` only (every other token is -inf); without
     it, ``ids`` is None and ``values`` covers the whole vocabulary."""
-    if config.repetition_penalty is not None and config.repetition_penalty != 1.0:
-        logits = penalties.repetition_penalty(logits, _tokens(context, logits), config.repetition_penalty)
-    if config.presence_penalty:
-        logits = penalties.presence_penalty(logits, _tokens(output, logits), config.presence_penalty)
-    if config.frequency_penalty:
-        logits = penalties.frequency_penalty(logits, _tokens(output, logits), config.frequency_penalty)
+    if not isinstance(config, SamplingConfig):
+        raise ValueError(f"config must be a SamplingConfig, got {type(config).__name__}; "
+                         "for example SamplingConfig(temperature=0.7, top_p=0.9)")
+    # This checks logits, context and output too, even with every penalty off.
+    logits = penalties.apply_penalties(
+        logits, context, output, repetition_penalty=config.repetition_penalty,
+        presence_penalty=config.presence_penalty, frequency_penalty=config.frequency_penalty,
+    )
     if config.temperature == 0.0:
         return logits, None
     if config.temperature != 1.0:
@@ -223,16 +246,6 @@ def next_token(
     return tokens, torch.full_like(logits, float("-inf")).scatter(-1, ids, values)
 
 
-def _tokens(tokens: torch.Tensor | None, logits: torch.Tensor) -> torch.Tensor:
-    if tokens is None:
-        return torch.empty(logits.shape[0], 0, dtype=torch.long, device=logits.device)
-    return tokens
-
-
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
-
-
-def _check_optional(value, name: str, ok, allowed: str) -> None:
-    if value is not None and not ok(value):
-        raise ValueError(f"{name} must be None (off) or {allowed}, got {value!r}")
+def _optional(check, value, *args):
+    """``check(value, *args)``, or None (the rule is off) for None."""
+    return None if value is None else check(value, *args)
