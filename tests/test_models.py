@@ -53,6 +53,8 @@ def test_uncached_then_cached_load_give_identical_logits(monkeypatch, tmp_path):
     assert first.dtype == torch.float32
 
     ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
+    # No <|im_start|> in front of a plain prompt: the GGUF file says add_bos_token = false.
+    assert ids.tolist() == [[504, 3575, 282, 4649, 314]]
     with torch.no_grad():
         a = first(ids).logits[0, -1]
         b = second(ids).logits[0, -1]

@@ -130,6 +130,10 @@ def _dequantise_to_cache(name: str, target: Path) -> None:
 
     path = gguf_path(name)
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    # The file says tokenizer.ggml.add_bos_token = false; transformers 5 honours it, but 4.x ignores
+    # it and would put <|im_start|> before every plain prompt (other logits). A no-op on transformers 5.
+    if getattr(tokenizer, "add_bos_token", False):
+        tokenizer.add_bos_token = False
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     # transformers marks a GGUF-loaded model as quantised and refuses to save it, although its
     # weights are already dense float32 tensors; dropping that mark lets save_pretrained work.
