@@ -85,11 +85,16 @@ $(LOWER_INSTALLED): pyproject.toml requirements.txt
 	touch $@
 
 # Only the library's tests: the chapters, the student versions and the book need jupyter-book.
+# Tests marked slow (benchmark rows, long statistical runs; over ~15 s each) are left out to keep
+# this under ~5 minutes. One test is left out because its oracle, not the library, differs:
+# transformers 4.56's RepetitionPenaltyLogitsProcessor raises on ids outside the vocabulary,
+# which transformers 5's ignores (the library ignores them under both).
 # The model cache is this venv's own: transformers 4 cannot read one that transformers 5 wrote
 # (its tokenizer class is unknown to 4, and the rope base in its config.json is read as 10000).
 test-lower: $(LOWER_INSTALLED)
-	LOGITLAB_CACHE=$(CURDIR)/$(LOWER_VENV)/cache $(LOWER_PY) -m pytest tests \
-		--ignore=tests/test_book.py --ignore=tests/test_notebooks.py --ignore=tests/test_assignments.py
+	LOGITLAB_CACHE=$(CURDIR)/$(LOWER_VENV)/cache $(LOWER_PY) -m pytest tests -m "not slow" \
+		--ignore=tests/test_book.py --ignore=tests/test_notebooks.py --ignore=tests/test_assignments.py \
+		--deselect tests/test_processors.py::test_penalties_ignore_ids_outside_the_vocabulary
 
 clean:
 	rm -rf _build _scratch student $(LOWER_VENV)
