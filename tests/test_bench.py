@@ -2,9 +2,12 @@
 
 import json
 
+import pytest
+
 from logitlab import bench, timing
 
 
+@pytest.mark.slow
 def test_bench_prints_a_table_and_writes_json(capsys, tmp_path):
     out_file = tmp_path / "bench.json"
     bench.main(["--skip-load", "--skip-generate", "--skip-speculative", "--skip-typical", "--skip-pass", "--json", str(out_file)])
@@ -15,6 +18,7 @@ def test_bench_prints_a_table_and_writes_json(capsys, tmp_path):
     assert len(saved["rows"]) == 16 and all(r["seconds"] > 0 for r in saved["rows"])
 
 
+@pytest.mark.slow
 def test_speculative_rows_run_on_a_small_setting():
     import logitlab as ll
 
@@ -24,6 +28,7 @@ def test_speculative_rows_run_on_a_small_setting():
     assert len(table.rows) == 6 and all(r["seconds"] > 0 for r in table.rows)
 
 
+@pytest.mark.slow
 def test_draft_model_rows_run_on_a_small_setting():
     import logitlab as ll
 
@@ -42,6 +47,7 @@ def test_forward_seconds_times_decode_and_verification_passes_on_the_toy_model()
     assert timing.forward_seconds(model, [1, 2, 3], 4, repeat=3) > 0
 
 
+@pytest.mark.slow
 def test_typical_rows_run_on_a_small_setting():
     import logitlab as ll
 
@@ -52,6 +58,7 @@ def test_typical_rows_run_on_a_small_setting():
     assert "tree (3, 2, 1)" in table.rows[3]["measurement"] and "typical" in table.rows[8]["measurement"]
 
 
+@pytest.mark.slow
 def test_pass_rows_run_on_a_small_setting():
     import logitlab as ll
 

@@ -61,7 +61,7 @@ def test_greedy_matches_hugging_face_with_padding(smollm2):
 def test_greedy_with_eos_and_with_repetition_penalty_matches_hugging_face(smollm2):
     model, tok = smollm2
     chat = [{"role": "user", "content": "What is 2 + 2? Answer with a number only."}]
-    ids = tok.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt")["input_ids"]
+    ids = tok.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
     hf = model.generate(ids, max_new_tokens=30, do_sample=False)
     ours = ll.generate(model, ids, max_new_tokens=30, temperature=0, tokenizer=tok)
     expected = hf[0, ids.shape[1]:].tolist()

@@ -149,6 +149,7 @@ def single_call_samples(target, la, prefixes, n, length=5):
     return [r.new_tokens[0] for r in runs], [a[0] for r in runs for a in r.accepted]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prefixes", ["all", "likely"])
 def test_single_call_pass_is_exact_at_temperature_one_with_untrained_embeddings(prefixes):
     # Length 5: the second call verifies the prefill's two drafts and places slots after the
@@ -162,6 +163,7 @@ def test_single_call_pass_is_exact_at_temperature_one_with_untrained_embeddings(
     assert pooled_pvalue(samples, probs) > P_MIN
 
 
+@pytest.mark.slow
 def test_the_single_call_exactness_test_detects_a_wrong_q(monkeypatch):
     # Drafts drawn from one distribution but verified as if from another: the output is biased,
     # and the same test must see it.
@@ -294,7 +296,7 @@ def test_shipped_embeddings_are_tiny_and_both_variants_are_greedy_on_smollm2(smo
     model, tok = smollm
     assert lookahead_module.PRETRAINED_LOOKAHEAD.stat().st_size < 50_000
     prompt = tok.apply_chat_template([{"role": "user", "content": "Explain how a bicycle stays upright."}],
-                                     add_generation_prompt=True, return_tensors="pt")["input_ids"]
+                                     add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
     greedy = ll.generate(model, prompt, max_new_tokens=40, temperature=0, eos_token_id=[]).new_tokens[0].tolist()
     la = load_pretrained(model, 4)
     two = speculative_generate(model, la, prompt, gamma=5, max_new_tokens=40, temperature=0, eos_token_id=[])
@@ -305,6 +307,7 @@ def test_shipped_embeddings_are_tiny_and_both_variants_are_greedy_on_smollm2(smo
         assert one.model_calls < 40  # plain decoding needs 40 passes (the prefill included)
 
 
+@pytest.mark.slow
 def test_the_shipped_first_slot_beats_untrained_embeddings_on_greedy_answers(smollm):
     # Slot 1's top-1 accuracy on the model's own greedy answers to four prompts, against the
     # target's next-next token, for the shipped vectors and for untrained ones (mean embedding

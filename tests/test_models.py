@@ -51,8 +51,12 @@ def test_uncached_then_cached_load_give_identical_logits(monkeypatch, tmp_path):
     assert first.config.num_hidden_layers == 30 and first.config.hidden_size == 576
     assert first.config.vocab_size == 49152 and len(tokenizer) == 49152
     assert first.dtype == torch.float32
+    # The special tokens of the GGUF file: <|im_end|> ends a sequence and pads.
+    assert tokenizer.eos_token_id == first.config.eos_token_id == 2 and tokenizer.pad_token_id == 2
 
     ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
+    # No <|im_start|> in front of a plain prompt: the GGUF file says add_bos_token = false.
+    assert ids.tolist() == [[504, 3575, 282, 4649, 314]]
     with torch.no_grad():
         a = first(ids).logits[0, -1]
         b = second(ids).logits[0, -1]

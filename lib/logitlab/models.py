@@ -131,6 +131,16 @@ def _dequantise_to_cache(name: str, target: Path) -> None:
     path = gguf_path(name)
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    # transformers 4.x converts this file's tokenizer with three faults that transformers 5 does not
+    # have: it puts <|im_start|> before every plain prompt (the file says add_bos_token = false),
+    # drops the padding token, and takes <|im_start|> (id 1) as the end of sequence. The model's
+    # config has the file's ids. On transformers 5 none of these lines changes anything.
+    if getattr(tokenizer, "add_bos_token", False):
+        tokenizer.add_bos_token = False
+    if tokenizer.pad_token_id is None and model.config.pad_token_id is not None:
+        tokenizer.pad_token_id = model.config.pad_token_id
+    if model.config.eos_token_id is not None and tokenizer.eos_token_id != model.config.eos_token_id:
+        tokenizer.eos_token_id = model.config.eos_token_id
     # transformers marks a GGUF-loaded model as quantised and refuses to save it, although its
     # weights are already dense float32 tensors; dropping that mark lets save_pretrained work.
     if getattr(model, "hf_quantizer", None) is not None:
