@@ -1,4 +1,4 @@
-"""The book's draft model (logitlab.train_draft, ll.drafters.load_pretrained): its reduced output
+"""The book's draft model (logitlab.training.draft, ll.drafters.load_pretrained): its reduced output
 layer, the choice of its vocabulary, saving and loading, and the shipped file."""
 
 import pytest
@@ -6,7 +6,8 @@ import torch
 
 import logitlab as ll
 from logitlab.drafters import SubsetHead, build_draft, load_draft
-from logitlab.train_draft import choose_vocabulary, save_draft
+from logitlab.training.data import choose_vocabulary
+from logitlab.training.draft import save_draft
 
 
 def tiny_target(seed=0, vocab=12):

@@ -8,12 +8,12 @@ from scipy.stats import chisquare
 
 import logitlab as ll
 import logitlab.lookahead as lookahead_module
-from logitlab.lookahead import (LookaheadEmbeddings, load_lookahead, load_pretrained, lookahead_losses,
-                                pass_generate, save_lookahead, single_call_layout,
-                                train_lookahead, training_layout)
+from logitlab.lookahead import (LookaheadEmbeddings, load_lookahead, load_pretrained, pass_generate, save_lookahead,
+                                single_call_layout)
 from logitlab.sampling import SamplingConfig
 from logitlab.speculative import speculative_generate
-from logitlab.train_draft import generate_with_logits
+from logitlab.training.data import generate_with_logits
+from logitlab.training.lookahead import lookahead_losses, rows_from_tokens, train_lookahead, training_layout
 from test_speculative import P_MIN, exact_llama_probs, tiny_llama
 
 
@@ -185,7 +185,7 @@ def test_the_single_call_exactness_test_detects_a_wrong_q(monkeypatch):
 
 
 def tiny_rows(model, n=12, new=12):
-    """Training rows as logitlab.train_draft makes them: the model's own continuations and top logits."""
+    """Training rows as logitlab.training.data makes them: the model's own continuations and top logits."""
     prompts = [[1, 2], [3, 4, 5], [2, 5, 1, 3]]
     rows = generate_with_logits(model, [prompts[i % 3] for i in range(n)], [1.0] * n, new, 4,
                                 torch.Generator().manual_seed(0))
@@ -213,7 +213,7 @@ def test_training_reduces_the_lookahead_loss():
 def test_token_sequences_are_turned_into_rows_of_the_model_own_logits():
     model = tiny_llama(2, seed=0)
     seqs = [[1, 2, 3, 4, 5, 1, 2, 3, 4, 5], torch.tensor([2, 3, 1, 4, 0, 5, 2, 3])]
-    rows = lookahead_module.rows_from_tokens(model, seqs, top=3)
+    rows = rows_from_tokens(model, seqs, top=3)
     tokens, start, topv, topi = rows[1]
     assert start == 1 and tokens.tolist() == [2, 3, 1, 4, 0, 5, 2, 3] and topv.shape == (7, 3)
     with torch.no_grad():
@@ -312,15 +312,15 @@ def test_the_shipped_first_slot_beats_untrained_embeddings_on_greedy_answers(smo
     # Slot 1's top-1 accuracy on the model's own greedy answers to four prompts, against the
     # target's next-next token, for the shipped vectors and for untrained ones (mean embedding
     # plus noise): about 0.31 against 0.13 here (0.24 on the training script's held-out text).
-    from logitlab.bench import DRAFT_PROMPTS, _chat
-    from logitlab.lookahead import rows_from_tokens, slot_accuracy
+    from logitlab.bench.prompts import DRAFT_PROMPTS, chat
+    from logitlab.training.lookahead import slot_accuracy
 
     model, tok = smollm
     rows = []
     with torch.no_grad():
         for question in DRAFT_PROMPTS + ["Explain how a bicycle stays upright.",
                                          "Give three tips for learning a new language."]:
-            prompt = _chat(tok, question)
+            prompt = chat(tok, question)
             answer = ll.generate(model, prompt, max_new_tokens=64, temperature=0, eos_token_id=[])
             tokens, _, topv, topi = rows_from_tokens(model, [answer.sequences[0].tolist()])[0]
             n = prompt.shape[1]  # new tokens start here; the recorded logits one position earlier

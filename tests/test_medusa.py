@@ -190,7 +190,7 @@ def test_shipped_heads_are_small_greedy_exact_and_beat_no_drafting(smollm):
 
 
 def test_training_tensors_pair_each_head_with_the_right_target_and_renormalise_on_the_vocabulary():
-    from logitlab.train_medusa import accuracy, head_losses, training_tensors
+    from logitlab.training.medusa import accuracy, head_losses, training_tensors
 
     # One row with 4 recorded positions, top-2 logits each; the output vocabulary is {1, 3, 5}.
     topi = torch.tensor([[1, 2], [3, 5], [5, 1], [2, 0]], dtype=torch.int32)
@@ -219,7 +219,7 @@ def test_training_tensors_pair_each_head_with_the_right_target_and_renormalise_o
 
 
 def test_hidden_states_are_those_of_the_positions_that_predict_new_tokens():
-    from logitlab.train_medusa import hidden_states
+    from logitlab.training.medusa import hidden_states
 
     model = tiny_llama(2, seed=0)
     rows = [(torch.tensor([1, 2, 3, 4, 5]), 2, None, None), (torch.tensor([5, 4, 3]), 1, None, None)]

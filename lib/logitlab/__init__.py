@@ -9,7 +9,7 @@ Each module follows a chapter of the book and says which one.
 """
 
 from . import (checks, decoding, drafter, drafters, lookahead, medusa, metrics, penalties, processors, speculative, tree,
-               train_draft, typical_acceptance, viz)
+               training, typical_acceptance, viz)
 from .decoding import GenerationResult, generator
 from .models import device, load, next_token_logits, toy_bigram, toy_model
 from .probs import apply_temperature, entropy, kl, log_softmax, softmax, tv_distance

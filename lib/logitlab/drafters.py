@@ -12,7 +12,7 @@ proposals are accepted and by what it costs.
   proposals one at a time from its own (processed) distribution, with its own KV cache rolled
   back like the target's.
 * ``load_pretrained(target)``: the book's own draft model for SmolLM2-135M (one transformer
-  layer trained by ``python -m logitlab.train_draft``; it shares the target's embedding, so only
+  layer trained by ``python -m logitlab.training.draft``; it shares the target's embedding, so only
   the layer and a norm are shipped, and its output layer scores only the 2048 tokens SmolLM2
   uses most, the cheapest way found to make a draft step cheap).
 * ``MedusaDrafter`` (chapter 7): Medusa heads (``logitlab.medusa``) guessing from the target's
@@ -194,7 +194,7 @@ class MedusaDrafter(Drafter):
 
 # The shipped draft for SmolLM2-135M: its one layer and final norm in float16, and the ids of
 # the tokens its output layer scores (the embedding is the target's own and is not stored).
-# Written by logitlab.train_draft.
+# Written by python -m logitlab.training.draft.
 PRETRAINED_DRAFT = Path(__file__).parent / "data" / "draft_smollm2_135m.safetensors"
 
 

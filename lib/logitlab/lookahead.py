@@ -27,24 +27,18 @@ Two ways to use them, both here:
   verification might keep (a small tree, scored with ``logitlab.tree``'s attention mask), or
   only after the prefix most likely to be kept. Exactness is unchanged (chapter 8 proves it).
 
-Training (``train_lookahead``) distils the target into the embeddings: the output at ``l_i``
-after context ``x_0..x_t`` learns the target's own distribution of ``x_{t+1+i}``, which the
-training data (the model's own continuations, from ``logitlab.train_draft``) records as top-64
-logits. Many contexts of one sequence are trained in one pass, again with a tree mask.
+Training (``logitlab.training.lookahead``) distils the target into the embeddings: the output
+at ``l_i`` after context ``x_0..x_t`` learns the target's own distribution of ``x_{t+1+i}``.
 """
 
 from __future__ import annotations
 
-import math
-import random
-import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from ._validate import check_generator
-from .decoding import (additive_mask, check_body_and_head, check_counts, crop_cache, draw, eos_ids, forward,
+from .decoding import (check_body_and_head, check_counts, crop_cache, draw, eos_ids, forward,
                        masked_forward, model_device, now, one_prompt)
 from .drafter import Drafter
 from .probs import softmax
@@ -52,7 +46,7 @@ from .sampling import SamplingConfig, process_logits
 from .speculative import Outputs, RejectionSampling, SpeculativeResult
 from .tree import tree_attention_mask, tree_position_ids
 
-# Written by ``python -m logitlab.train_lookahead``: 8 look-ahead embeddings for SmolLM2-135M.
+# Written by ``python -m logitlab.training.lookahead``: 8 look-ahead embeddings for SmolLM2-135M.
 PRETRAINED_LOOKAHEAD = Path(__file__).parent / "data" / "lookahead_smollm2_135m.safetensors"
 
 
@@ -139,7 +133,7 @@ class LookaheadEmbeddings(torch.nn.Module, Drafter):
         self.unfed = [self.unfed[i] for i in keep.tolist()]
 
 
-def _check_lookahead(lookahead, model):
+def check_lookahead(lookahead, model):
     if not isinstance(lookahead, LookaheadEmbeddings):
         raise ValueError(f"lookahead must be LookaheadEmbeddings, got {type(lookahead).__name__}")
     if lookahead.model is not model:
@@ -151,7 +145,7 @@ def _check_lookahead(lookahead, model):
 
 def save_lookahead(lookahead: LookaheadEmbeddings, path: str | Path, losses=None) -> None:
     """The vectors in float32 (8 x 576 x 4 bytes = 18 KB for SmolLM2), and the training curve
-    (``train_lookahead``'s losses, ``[steps, k]``) if given, so that it travels with them."""
+    (``logitlab.training.lookahead.train_lookahead``'s losses, ``[steps, k]``) if given, so that it travels with them."""
     from safetensors.torch import save_file
 
     state = {"vectors": lookahead.vectors.detach().float().cpu().contiguous()}
@@ -245,7 +239,7 @@ def pass_generate(target, lookahead: LookaheadEmbeddings, input_ids, *, max_new_
     ``SpeculativeResult`` (one row; ``model_calls`` counts every pass, the prefill included).
     """
     check_body_and_head(target)
-    _check_lookahead(lookahead, target)
+    check_lookahead(lookahead, target)
     if prefixes not in ("all", "likely"):
         raise ValueError(f"prefixes must be 'all' or 'likely', got {prefixes!r}")
     max_new_tokens = check_counts(max_new_tokens)[0]
@@ -346,183 +340,3 @@ def _likely_stop(conf: list[float]) -> int:
         if j < len(conf):
             run *= float(conf[j])
     return best
-
-
-# --- Training ----------------------------------------------------------------------------------
-
-
-def training_layout(length: int, starts: list[int], k: int) -> list[int]:
-    """Parents for training on one sequence of ``length`` tokens: the tokens as a chain, then a
-    chain of ``k`` look-ahead slots after each context end ``t`` in ``starts`` (slot 1's parent is
-    token t). One pass then trains every context in ``starts`` at once, each group seeing only
-    its own context, exactly as at generation time."""
-    parents = [-1] + list(range(length - 1))
-    for t in starts:
-        for i in range(k):
-            parents.append(t if i == 0 else len(parents) - 1)
-    return parents
-
-
-def lookahead_losses(lookahead: LookaheadEmbeddings, rows, groups: int, rng: random.Random) -> torch.Tensor:
-    """KL(target || look-ahead) per slot, ``[k]``, averaged over ``groups`` random contexts of each row.
-
-    ``rows`` are training rows of ``logitlab.train_draft`` (tokens, start of the new tokens, top-64
-    logits ``topv``/ids ``topi`` at the positions predicting them): the target's distribution of
-    token ``t + 1 + i`` is at position ``t + i``, row ``t + i - (start - 1)`` of ``topv``. That is
-    the target's distribution given the true tokens up to ``t + i``, the ones the slot skips.
-
-    Two passes: the rows alone, without gradients (the vectors do not affect them), then all the
-    slot groups on that cache, each group seeing its own context only (``training_layout``'s
-    mask). The backward pass then runs through the slots alone.
-    """
-    model, k = lookahead.model, lookahead.k
-    embed = model.model.embed_tokens
-    device = embed.weight.device
-    width = max(len(r[0]) for r in rows)
-    tokens_in, masks, positions, targets_v, targets_i = [], [], [], [], []
-    for tokens, start, topv, topi in rows:
-        last = len(tokens) - 2 - k  # slot k must still have a recorded target
-        if last < start - 1:
-            raise ValueError(f"rows: a row is too short for k = {k} (needs at least {k + 1} new tokens)")
-        starts = [rng.randint(start - 1, last) for _ in range(groups)]
-        tokens_in.append(torch.cat([tokens, tokens.new_zeros(width - len(tokens))]))  # right padding: never seen
-        parents = training_layout(width, starts, k)
-        masks.append(additive_mask(tree_attention_mask(parents)[width:], model))  # the slots' rows
-        positions.append(tree_position_ids(parents)[width:])
-        rel = torch.tensor([[t + i - (start - 1) for i in range(1, k + 1)] for t in starts], device="cpu")  # [groups, k]
-        targets_v.append(topv[rel].float())
-        targets_i.append(topi[rel].long())
-    with torch.no_grad():
-        cache = model.model(input_ids=torch.stack(tokens_in).to(device), use_cache=True).past_key_values
-    slots = lookahead.inputs().repeat(groups, 1)  # [groups * k, d]: the k vectors, once per group
-    hidden = model.model(inputs_embeds=slots.expand(len(rows), -1, -1), past_key_values=cache, use_cache=True,
-                         attention_mask=torch.stack(masks)[:, None].to(device),
-                         position_ids=torch.stack(positions).to(device)).last_hidden_state
-    logq = F.log_softmax(model.lm_head(hidden).float(), dim=-1)  # [B, groups * k, V]
-    logq = logq.view(len(rows), groups, k, -1)
-    logp = F.log_softmax(torch.stack(targets_v).to(device), dim=-1)  # the target renormalised over its top 64
-    kl = (logp.exp() * (logp - logq.gather(-1, torch.stack(targets_i).to(device)))).sum(-1)  # [B, groups, k]
-    return kl.mean(dim=(0, 1))
-
-
-@torch.inference_mode()
-def rows_from_tokens(model, sequences, tokenizer=None, top: int = 64) -> list:
-    """Training rows from plain text: each sequence (a string, with ``tokenizer``, or token ids)
-    is run through ``model`` once, and its top-``top`` logits at every position are recorded,
-    the form ``logitlab.train_draft.make_data`` produces (the whole sequence counts as new)."""
-    rows = []
-    device = model.model.embed_tokens.weight.device
-    for seq in sequences:
-        if isinstance(seq, str):
-            if tokenizer is None:
-                raise ValueError("data: texts need a tokenizer (pass tokenizer=...)")
-            seq = tokenizer(seq)["input_ids"]
-        ids = torch.as_tensor(seq, dtype=torch.long, device=device)
-        if ids.dim() != 1 or len(ids) < 3:
-            raise ValueError(f"data: each sequence must be one list of at least 3 token ids, got shape {tuple(ids.shape)}")
-        logits = model(input_ids=ids[None]).logits[0, :-1].float()
-        v, i = logits.topk(min(top, logits.shape[-1]), dim=-1)
-        rows.append((ids.cpu(), 1, v.half().cpu(), i.int().cpu()))
-    return rows
-
-
-def _as_rows(model, data, tokenizer):
-    """Rows as they are, or made from texts / token sequences (``rows_from_tokens``)."""
-    if not isinstance(data, (list, tuple)) or not data:
-        raise ValueError("data must be a non-empty list of training rows (logitlab.train_draft), texts or "
-                         "token sequences")
-    if all(isinstance(r, tuple) and len(r) == 4 and isinstance(r[2], torch.Tensor) for r in data):
-        return list(data)
-    return rows_from_tokens(model, data, tokenizer)
-
-
-def train_lookahead(model, k: int, data, steps: int, lr: float = 0.01, batch: int = 4, groups: int = 16,
-                    seed: int = 0, progress: bool = True, lookahead: LookaheadEmbeddings | None = None,
-                    tokenizer=None):
-    """Train ``k`` look-ahead embeddings for ``model`` (frozen) by distillation.
-
-    ``data``: training rows as made by ``logitlab.train_draft.make_data`` (the model's own
-    continuations with its top-64 logits), or texts (with ``tokenizer``) or token sequences,
-    which are first run through the model to record its logits (``rows_from_tokens``). Each step
-    takes ``batch`` rows and ``groups`` random contexts in each. Returns ``(lookahead, losses)``:
-    ``losses[s]`` is step s's KL per slot (a list of ``k`` floats), for the loss curve. Adam,
-    short warm-up, cosine decay. A progress bar shows the loss unless ``progress=False``.
-    """
-    check_body_and_head(model, "model")
-    for name, v, lo in (("steps", steps, 1), ("batch", batch, 1), ("groups", groups, 1)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
-        raise ValueError(f"lr must be a number > 0, got {lr!r}")
-    if not isinstance(data, (list, tuple)) or len(data) < batch:
-        raise ValueError(f"data must be a list of at least batch={batch} training rows (logitlab.train_draft), "
-                         "texts or token sequences")
-    lookahead = LookaheadEmbeddings(model, k, seed) if lookahead is None else lookahead
-    _check_lookahead(lookahead, model)
-    if lookahead.k != k:
-        raise ValueError(f"k={k} but the lookahead given has {lookahead.k} embeddings")
-    data = _as_rows(model, data, tokenizer)
-    rng = random.Random(seed)
-    opt = torch.optim.Adam(lookahead.parameters(), lr=lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 10) * 0.5 * (1 + math.cos(math.pi * s / steps)))
-    frozen = [p.requires_grad for p in model.parameters()]
-    model.requires_grad_(False)  # gradients flow through the model to the vectors only
-    losses, start = [], time.perf_counter()
-    bar = _progress(steps, progress)
-    try:
-        for step in range(steps):
-            per_slot = lookahead_losses(lookahead, rng.sample(list(data), batch), groups, rng)
-            opt.zero_grad()
-            per_slot.mean().backward()
-            opt.step()
-            sched.step()
-            losses.append(per_slot.tolist())
-            bar(step, sum(losses[-1]) / k, time.perf_counter() - start)
-    finally:
-        for p, f in zip(model.parameters(), frozen):
-            p.requires_grad_(f)
-    return lookahead, losses
-
-
-def _progress(steps: int, enabled: bool):
-    """A progress bar (tqdm's, in a notebook or a terminal) updated once per step."""
-    if not enabled:
-        return lambda step, loss, seconds: None
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=steps, desc="look-ahead training")
-
-    def update(step, loss, seconds):
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss:.3f}")
-        if step == steps - 1:
-            bar.close()
-
-    return update
-
-
-@torch.inference_mode()
-def slot_accuracy(lookahead: LookaheadEmbeddings, rows, groups: int = 16, seed: int = 0) -> list[float]:
-    """Top-1 accuracy per slot on ``rows``: how often slot i's most likely token is the target's
-    most likely token ``i + 1`` places ahead (the rate greedy PaSS would accept it at, if every
-    earlier draft were right)."""
-    rng = random.Random(seed)
-    model, k = lookahead.model, lookahead.k
-    hits, total = torch.zeros(k, device="cpu"), 0
-    device = model.model.embed_tokens.weight.device
-    for row in rows:
-        tokens, start, topv, topi = row
-        if len(tokens) - 2 - k < start - 1:
-            raise ValueError(f"rows: a row is too short for k = {k} (needs at least {k + 1} new tokens)")
-        starts = [rng.randint(start - 1, len(tokens) - 2 - k) for _ in range(groups)]
-        parents = training_layout(len(tokens), starts, k)
-        inputs = torch.cat([model.model.embed_tokens(tokens.to(device)), lookahead.inputs().repeat(groups, 1)])
-        mask = additive_mask(tree_attention_mask(parents), model)[None, None].to(device)
-        hidden = model.model(inputs_embeds=inputs[None], attention_mask=mask,
-                             position_ids=tree_position_ids(parents)[None].to(device)).last_hidden_state[0]
-        guess = model.lm_head(hidden[len(tokens):]).argmax(-1).view(groups, k).cpu()
-        rel = torch.tensor([[t + i - (start - 1) for i in range(1, k + 1)] for t in starts], device="cpu")
-        hits += (guess == topi[rel][..., 0].long()).float().sum(0)
-        total += groups
-    return (hits / total).tolist()

@@ -40,7 +40,7 @@ from .speculative import GreedyMatching, Outputs, SpeculativeResult
 from .tree import ancestors, depths, tree_attention_mask, tree_position_ids
 from .typical_acceptance import TypicalAcceptance, typical_threshold
 
-# Written by ``python -m logitlab.train_medusa``: the heads' blocks in float16 and the ids of the
+# Written by ``python -m logitlab.training.medusa``: the heads' blocks in float16 and the ids of the
 # tokens their output layer scores (the output layer itself is the target's embedding).
 PRETRAINED_HEADS = Path(__file__).parent / "data" / "medusa_smollm2_135m.safetensors"
 

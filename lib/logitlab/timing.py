@@ -86,4 +86,4 @@ def pass_costs(model, context_ids, sizes, rounds: int = 7) -> dict:
     return {n: statistics.median(times[n]) / step for n in sizes}
 
 
-# Held out from the draft model's training prompts (see logitlab.train_draft).
+# Held out from the draft model's training prompts (see logitlab.training.data).

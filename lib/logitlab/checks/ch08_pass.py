@@ -8,9 +8,9 @@ from .common import CheckFailed, as_list, call
 
 def check_training_layout(fn) -> None:
     """Check ``fn(length, starts, k) -> parents`` (chapter 8) against
-    :func:`logitlab.lookahead.training_layout`: a sequence of ``length`` tokens as a chain, then
+    :func:`logitlab.training.lookahead.training_layout`: a sequence of ``length`` tokens as a chain, then
     ``k`` look-ahead slots in a chain after each context end ``t`` in ``starts``."""
-    from ..lookahead import training_layout
+    from ..training.lookahead import training_layout
 
     cases = [("one token, one slot", 1, [0], 1), ("the chapter's drawing", 5, [1, 3], 2),
              ("two groups after the same token", 4, [2, 2], 3), ("no groups", 3, [], 2)]

@@ -2,13 +2,13 @@
 
 The shipped heads (``ll.drafters.load_medusa``, ``ll.medusa.load_heads``) were made with
 
-    python -m logitlab.train_medusa --gen-seconds 600 --data medusa_data.pt --also draft_data.pt \
+    python -m logitlab.training.medusa --gen-seconds 600 --data medusa_data.pt --also draft_data.pt \
         --steps 1500 --out heads.safetensors
 
 ``--gen-seconds 600`` lets SmolLM2 answer 300 varied chat prompts for ten minutes, recording its
-top-64 logits at every new position (as ``logitlab.train_draft`` does; 896 continuations of 128
+top-64 logits at every new position (``logitlab.training.data``; 896 continuations of 128
 tokens here), and ``--also`` adds the data that trained chapter 6's draft model (``draft_data.pt``
-from ``python -m logitlab.train_draft --data draft_data.pt``, 768 more). The target then runs
+from ``python -m logitlab.training.draft --data draft_data.pt``, 768 more). The target then runs
 once over all of it to record its last hidden states (183k positions, about 6 minutes), and the
 heads train on those states: 1500 steps of 1024 positions, 7 minutes on 2 CPU cores. The
 target's 30 layers never run during training, which is what makes it cheap.
@@ -42,28 +42,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from .medusa import MedusaHeads, save_heads
-from .train_draft import chat, choose_vocabulary, load_or_make_data, new_token_states, prompt_ids
-
-
-# The draft model of chapter 6 trained on 40 prompts. The heads need many more contexts: each is
-# a map from one hidden state, and with few contexts it learns those contexts rather than the
-# model. Six kinds of request about fifty topics give 300 chat prompts. None of them is a prompt
-# the book measures on (logitlab.train_draft.HELD_OUT, logitlab.bench.DRAFT_PROMPTS, the chapters).
-TEMPLATES = ["Explain {}.", "Write a short story about {}.", "What are the most interesting facts about {}?",
-             "Describe {} to a child.", "Write a poem about {}.", "Give three practical tips about {}."]
-TOPICS = ["volcanoes", "the moon", "honey bees", "trains", "the internet", "chess", "rainforests", "baking bread",
-          "electric cars", "the human heart", "glaciers", "photosynthesis", "ancient Rome", "jazz music",
-          "recycling", "earthquakes", "vaccines", "the solar system", "coffee", "mountain climbing", "friendship",
-          "gardening", "owls", "the printing press", "clouds", "robots", "deserts", "bicycles", "dinosaurs",
-          "money", "sleep", "the Olympic Games", "penguins", "windmills", "libraries", "space travel",
-          "learning the piano", "rivers", "cats", "a rainy day", "learning a language", "the brain", "pizza",
-          "snow", "a busy market", "volunteering", "submarines", "the pyramids of Egypt", "butterflies",
-          "a job interview"]
-
-
-def varied_prompts(tok) -> list[list[int]]:
-    return [chat(tok, t.format(topic)) for t in TEMPLATES for topic in TOPICS]
+from ..medusa import MedusaHeads, save_heads
+from .data import choose_vocabulary, load_or_make_data, new_token_states, prompt_ids, varied_prompts
 
 
 @torch.inference_mode()
@@ -76,18 +56,19 @@ def training_tensors(data, states, vocab: torch.Tensor, vocab_size: int, num_hea
     """Flatten the rows: hidden states ``[N, H]``, the target's top-k restricted to ``vocab``
     (indices into it ``[N, k]`` and probabilities ``[N, k]``, zero outside), and for each head the
     row of its target (``[num_heads, N]``, -1 where the sequence ends first)."""
-    lookup = torch.full((vocab_size,), -1, dtype=torch.long)
-    lookup[vocab] = torch.arange(len(vocab))
     hidden = torch.cat(states).float()
-    topv = torch.cat([r[2] for r in data]).float()
-    sub = lookup[torch.cat([r[3] for r in data]).long()]  # [N, k]
+    device = hidden.device  # all four on the states' device: training indexes them together
+    lookup = torch.full((vocab_size,), -1, dtype=torch.long, device=device)
+    lookup[vocab.to(device)] = torch.arange(len(vocab), device=device)
+    topv = torch.cat([r[2] for r in data]).float().to(device)
+    sub = lookup[torch.cat([r[3] for r in data]).long().to(device)]  # [N, k]
     probs = torch.softmax(topv.masked_fill(sub < 0, float("-inf")), dim=-1).nan_to_num(0.0)
-    target_row = torch.full((num_heads, len(hidden)), -1, dtype=torch.long)
+    target_row = torch.full((num_heads, len(hidden)), -1, dtype=torch.long, device=device)
     offset = 0
     for r in data:
         n = len(r[2])
         for k in range(1, num_heads + 1):
-            j = torch.arange(n - k)
+            j = torch.arange(n - k, device=device)
             target_row[k - 1, offset + j] = offset + j + k
         offset += n
     return hidden, sub.clamp_min(0), probs, target_row
@@ -154,8 +135,8 @@ def main(argv=None):
     parser.add_argument("--vocab", type=int, default=2048, help="tokens the heads' output layer scores")
     parser.add_argument("--gen-seconds", type=float, default=240, help="time budget for generating data")
     parser.add_argument("--data", help="the generated data as a torch file (reused if it exists; "
-                                       "train_draft's file works)")
-    parser.add_argument("--also", nargs="*", default=[], help="more data files to train on (train_draft's work)")
+                                       "logitlab.training.draft's file works)")
+    parser.add_argument("--also", nargs="*", default=[], help="more data files to train on (logitlab.training.draft's)")
     parser.add_argument("--weight-decay", type=float, default=0.0)
     parser.add_argument("--held-out-every", type=int, default=7,
                         help="the rows of every N-th prompt are held out, to measure the accuracy")

@@ -1,0 +1,203 @@
+"""Training data for every drafter in the book: the target's own continuations of varied prompts,
+with the target's top-k logits at every new position.
+
+Every trainer distils the target (``python -m logitlab.training.draft``, ``.medusa``,
+``.lookahead``): a drafter is judged only on how well it predicts the target, so it learns where
+the target actually goes, not human text. The decode step computes the logits anyway, so
+recording them costs no extra forward pass. A row is ``(tokens [L], new_from, topv [n, k]
+float16, topi [n, k] int32)``: positions ``new_from - 1 .. L - 2`` predict the new tokens.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+import torch
+
+from ..decoding import generator as seeded_generator
+from ..decoding import model_device
+
+# Varied short prompts: chat turns (the model is an instruction model, and chat is how the
+# book uses it) and plain text to continue. The drafter must not be tuned to one style.
+CHAT_PROMPTS = [
+    "Explain what a hash table is in two sentences.",
+    "Write a haiku about autumn rain.",
+    "What is the capital of Australia, and why is it not Sydney?",
+    "Give me three tips for learning to play the guitar.",
+    "Summarise the plot of Romeo and Juliet.",
+    "How do vaccines train the immune system?",
+    "Write a Python function that reverses a string.",
+    "What are the main causes of inflation?",
+    "Describe a sunset to someone who has never seen one.",
+    "List five healthy breakfast ideas.",
+    "Why is the sky blue?",
+    "Write a short story about a robot who learns to paint.",
+    "What is the difference between weather and climate?",
+    "Translate 'good morning, how are you?' into French and Spanish.",
+    "Explain recursion to a ten-year-old.",
+    "What should I pack for a weekend camping trip?",
+    "Write a polite email declining a meeting invitation.",
+    "How does a bicycle stay upright?",
+    "Give a recipe for a simple tomato soup.",
+    "What is photosynthesis?",
+    "Compare cats and dogs as pets.",
+    "Write a limerick about a forgetful wizard.",
+    "What is machine learning?",
+    "How can I improve my sleep?",
+    "Explain the rules of chess briefly.",
+    "Write a SQL query that counts orders per customer.",
+]
+TEXT_PROMPTS = [
+    "The history of the printing press begins",
+    "Once upon a time, in a village at the edge of a forest,",
+    "def fibonacci(n):\n",
+    "The mitochondria is",
+    "In 1969, the first humans",
+    "Dear hiring manager,\n\nI am writing to",
+    "The best way to learn a new language is",
+    "Water boils at 100 degrees Celsius because",
+    "Chapter 1\n\nThe rain had not stopped for three days",
+    "import numpy as np\n\n# Compute the mean of",
+    "The stock market fell sharply today after",
+    "Here are some facts about the ocean:\n1.",
+    "My favourite recipe for pancakes is",
+    "The theory of evolution states that",
+]
+# Held out from training: the prompts the drafter is measured on.
+HELD_OUT = [
+    "Explain how a refrigerator keeps food cold.",
+    "Write a short poem about the sea.",
+    "What are the benefits of regular exercise?",
+    "Describe how to make a cup of tea.",
+    "Why do leaves change colour in autumn?",
+    "Write a Python function that checks whether a number is prime.",
+    "The city of Paris is known for",
+    "Scientists have recently discovered that",
+]
+
+
+def chat(tok, text: str) -> list[int]:
+    # (transformers 5 returns a BatchEncoding when tokenizing here: template as text, then tokenize.)
+    text = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+    return tok(text, add_special_tokens=False).input_ids
+
+
+def prompt_ids(tok, texts=None) -> list[list[int]]:
+    """Token ids of the training prompts (chat prompts in the chat template, the rest as is)."""
+    if texts is not None:
+        return [chat(tok, t) if not t[:1].islower() and t.endswith(("?", ".", "!")) else tok(t).input_ids
+                for t in texts]
+    return [chat(tok, t) for t in CHAT_PROMPTS] + [tok(t).input_ids for t in TEXT_PROMPTS]
+
+
+# The draft model of chapter 6 trained on 40 prompts. The heads need many more contexts: each is
+# a map from one hidden state, and with few contexts it learns those contexts rather than the
+# model. Six kinds of request about fifty topics give 300 chat prompts. None of them is a prompt
+# the book measures on (HELD_OUT above, logitlab.bench.DRAFT_PROMPTS, the chapters).
+TEMPLATES = ["Explain {}.", "Write a short story about {}.", "What are the most interesting facts about {}?",
+             "Describe {} to a child.", "Write a poem about {}.", "Give three practical tips about {}."]
+TOPICS = ["volcanoes", "the moon", "honey bees", "trains", "the internet", "chess", "rainforests", "baking bread",
+          "electric cars", "the human heart", "glaciers", "photosynthesis", "ancient Rome", "jazz music",
+          "recycling", "earthquakes", "vaccines", "the solar system", "coffee", "mountain climbing", "friendship",
+          "gardening", "owls", "the printing press", "clouds", "robots", "deserts", "bicycles", "dinosaurs",
+          "money", "sleep", "the Olympic Games", "penguins", "windmills", "libraries", "space travel",
+          "learning the piano", "rivers", "cats", "a rainy day", "learning a language", "the brain", "pizza",
+          "snow", "a busy market", "volunteering", "submarines", "the pyramids of Egypt", "butterflies",
+          "a job interview"]
+
+
+def varied_prompts(tok) -> list[list[int]]:
+    return [chat(tok, t.format(topic)) for t in TEMPLATES for topic in TOPICS]
+
+
+
+@torch.inference_mode()
+def generate_with_logits(model, prompts: list[list[int]], temps: list[float], max_new_tokens: int, k: int,
+                         generator: torch.Generator):
+    """Sample continuations (row b at temperature ``temps[b]``, 0 = greedy), recording the
+    target's top-``k`` logits at every new position (the prediction *of* each new token).
+
+    A plain decode loop rather than ``ll.generate``, because the logits it computes are the
+    distillation targets: keeping them costs nothing, recomputing them is a second forward pass.
+    Returns per row ``(tokens [L], new_from, topv [n, k] float16, topi [n, k] int32)``: positions
+    ``new_from - 1 .. L - 2`` predict the new tokens.
+    """
+    width, device = max(len(p) for p in prompts), model_device(model)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    t = torch.tensor(temps, dtype=torch.float32, device=device)[:, None]
+    pos = (mask.cumsum(-1) - 1).clamp_min(0)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+    cache, new, topv, topi = out.past_key_values, [], [], []
+    for step in range(max_new_tokens):
+        logits = out.logits[:, -1].float()
+        v, i = logits.topk(k, dim=-1)
+        topv.append(v.half())
+        topi.append(i.int())
+        probs = torch.softmax(logits / t.clamp_min(1e-6), dim=-1)
+        sampled = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        token = torch.where(t.squeeze(-1) == 0, logits.argmax(-1), sampled)
+        new.append(token)
+        if step == max_new_tokens - 1:
+            break
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=(mask.sum(-1, keepdim=True) - 1),
+                    past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+    new, topv, topi = torch.stack(new, 1), torch.stack(topv, 1), torch.stack(topi, 1)
+    return [(torch.tensor(p + new[b].tolist(), device="cpu"), len(p), topv[b].cpu(), topi[b].cpu()) for b, p in enumerate(prompts)]
+
+
+def make_data(model, tok, seconds: float, batch: int = 32, max_new_tokens: int = 128, k: int = 64, seed: int = 0,
+              prompts: list[list[int]] | None = None):
+    """Generate for about ``seconds``: batches of random prompts (token ids; by default this
+    module's), a quarter of each batch greedy and the rest at T = 1."""
+    rng, gen = random.Random(seed), seeded_generator(model, seed)
+    prompts, data, start = prompt_ids(tok) if prompts is None else prompts, [], time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        rows = [rng.choice(prompts) for _ in range(batch)]
+        temps = [0.0 if b < batch // 4 else 1.0 for b in range(batch)]  # greedy repeats are identical
+        data += generate_with_logits(model, rows, temps, max_new_tokens, k, gen)
+        print(f"  data: {len(data)} sequences, {time.perf_counter() - start:.0f} s", flush=True)
+    return data
+
+
+def load_or_make_data(model, tok, path: str | None, seconds: float, prompts=None):
+    """The data saved at ``path`` if it exists; else ``make_data``'s, saved there when given."""
+    if path and os.path.exists(path):
+        return torch.load(path)
+    start = time.perf_counter()
+    data = make_data(model, tok, seconds, prompts=prompts)
+    print(f"generated {len(data)} sequences, {sum(len(r[2]) for r in data)} tokens in "
+          f"{time.perf_counter() - start:.0f} s")
+    if path:
+        torch.save(data, path)
+    return data
+
+
+
+def choose_vocabulary(data, vocab_size: int, size: int) -> torch.Tensor:
+    """The ``size`` tokens to which the target gives the most probability mass over the
+    training data (its top-k distribution at every recorded position), as sorted ids."""
+    mass = torch.zeros(vocab_size, dtype=torch.float64, device="cpu")  # rows live on the CPU
+    for _, _, topv, topi in data:
+        mass.index_add_(0, topi.long().flatten(), torch.softmax(topv.float(), dim=-1).double().flatten())
+    return mass.topk(size).indices.sort().values
+
+
+
+def new_token_states(body, rows) -> list[torch.Tensor]:
+    """Run ``body`` (a model without its output layer, ``model.model``) over the rows and return,
+    per row, its last hidden states at the positions that predict the row's new tokens
+    (``new_from - 1 .. L - 2``, the ones whose top-k logits the row holds)."""
+    width, device = max(len(r[0]) for r in rows), body.embed_tokens.weight.device
+    ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+    mask = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+    for b, (tokens, _, _, _) in enumerate(rows):
+        ids[b, : len(tokens)], mask[b, : len(tokens)] = tokens.to(device), 1  # right padding: causal, harmless
+    hidden = body(input_ids=ids, attention_mask=mask).last_hidden_state
+    return [hidden[b, s - 1: len(t) - 1] for b, (t, s, _, _) in enumerate(rows)]
+
+

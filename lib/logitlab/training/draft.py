@@ -1,0 +1,153 @@
+"""Train a one-layer draft model for SmolLM2-135M, for speculative sampling (chapter 6).
+
+The shipped draft (``ll.drafters.load_pretrained``) was made with
+
+    python -m logitlab.training.draft --gen-seconds 540 --data data.pt --steps 1000 --out draft.safetensors
+
+which generates about nine minutes of training data with SmolLM2 itself, trains for 1000 steps
+of 8 sequences, and keeps the 2048 tokens the target uses most as the draft's output vocabulary
+(about half an hour on 2 CPU cores in all).
+
+Why this design:
+
+* A drafter is only worth having if one of its steps costs a small fraction ``c`` of a target
+  step. SmolLM2-135M has 30 layers; a copy with **one** layer keeps the embedding, the final
+  norm and the output layer (tied to the embedding).
+* That output layer is then most of the cost: scoring 49152 tokens reads the whole 113 MB
+  embedding for every proposed token. The shipped draft scores only the 2048 tokens to which
+  the target gives the most probability on the training data (``SubsetHead``): a step gets
+  several times cheaper, and the acceptance rate loses little, because the target rarely puts
+  much probability elsewhere. Chapter 6 measures both numbers.
+* It shares the target's tokenizer by construction (speculative sampling needs that), and
+  starting from the target's own weights (embedding, its first layer, the final norm) gives
+  it a sensible starting point: before any training it is already a crude bigram-ish model.
+* The embedding (and so the output layer) stays **frozen** and is the target's own module,
+  not a copy: it is 28M of the ~32M parameters, training it on a few hundred thousand tokens
+  would only overfit, and only the small part we train needs saving (the layer and the norm,
+  about 7 MB in float16).
+* The training data is the target's *own* output (greedy and temperature-1 continuations of
+  varied prompts): the drafter is judged only on how well it predicts the target, so we
+  imitate the target where it actually goes (distillation), not human text.
+* The loss is KL(target || draft) on every generated position, using the target's top-k
+  logits recorded **while generating** (the decode step computes them anyway, so the data
+  costs no extra forward pass). At temperature 1 the acceptance rate is 1 - TV(p, q), so
+  matching the whole distribution matters; at temperature 0 only the argmax matters, so
+  cross-entropy on the target's greedy token (``--loss ce``) is the alternative.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import time
+
+import torch
+import torch.nn.functional as F
+
+from ..drafters import build_draft
+from .data import choose_vocabulary, load_or_make_data, new_token_states
+
+# --- The draft model ---------------------------------------------------------------------------
+
+
+def trainable_state(draft) -> dict[str, torch.Tensor]:
+    """The weights that differ from the target's: the layers and the final norm."""
+    # Stored in float16: half the size, and the draft's quality does not notice.
+    return {k: v.detach().to(torch.float16).contiguous() for k, v in draft.state_dict().items()
+            if k.startswith(("model.layers.", "model.norm."))}
+
+
+def save_draft(draft, path: str, vocab: torch.Tensor | None = None) -> None:
+    """Write the trained layers and norm (float16) and, if given, the draft's output vocabulary."""
+    from safetensors.torch import save_file
+
+    state = trainable_state(draft)
+    if vocab is not None:
+        state["vocab"] = vocab.to(torch.int32).contiguous()
+    save_file(state, path, metadata={"num_hidden_layers": str(draft.config.num_hidden_layers)})
+
+
+# --- Training ----------------------------------------------------------------------------------
+
+
+def loss_on(draft, rows, kind: str = "kl") -> torch.Tensor:
+    """KL(target top-k || draft) (target renormalised over its top k), or CE on its argmax."""
+    # Only the positions that predict new tokens: gather them before the big output matmul.
+    h = torch.cat(new_token_states(draft.model, rows))
+    topv = torch.cat([r[2] for r in rows]).float().to(h.device)
+    topi = torch.cat([r[3] for r in rows]).long().to(h.device)
+    logq = F.log_softmax(draft.lm_head(h).float(), dim=-1)
+    if kind == "ce":
+        return -logq.gather(-1, topi[:, :1]).mean()  # topi[:, 0] is the target's argmax
+    logp = F.log_softmax(topv, dim=-1)
+    return (logp.exp() * (logp - logq.gather(-1, topi))).sum(-1).mean()
+
+
+def train(draft, data, steps: int, lr: float, batch: int = 8, kind: str = "kl", seed: int = 0, log_every: int = 25):
+    rng = random.Random(seed)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    # Short warm-up then cosine decay: a few hundred steps from a good start need no more.
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / max(steps, 1))))
+    draft.train()
+    start, history, running = time.perf_counter(), [], []
+    for step in range(steps):
+        loss = loss_on(draft, rng.sample(data, batch), kind)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        running.append(loss.item())
+        if (step + 1) % log_every == 0 or step == 0:
+            history.append((step + 1, sum(running) / len(running)))
+            print(f"  step {step + 1}: loss {history[-1][1]:.3f}  ({time.perf_counter() - start:.0f} s)", flush=True)
+            running = []
+    draft.eval()
+    return history
+
+
+@torch.inference_mode()
+def eval_loss(draft, data, kind: str = "kl", batch: int = 16) -> float:
+    losses = [loss_on(draft, data[i: i + batch], kind).item() for i in range(0, len(data), batch)]
+    return sum(losses) / len(losses)
+
+
+def main(argv=None):
+    import logitlab as ll
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--batch", type=int, default=8, help="sequences per step")
+    parser.add_argument("--layers", type=int, default=1)
+    parser.add_argument("--init-layer", type=int, default=0, help="target layer to copy (-1: the last)")
+    parser.add_argument("--loss", choices=["kl", "ce"], default="kl")
+    parser.add_argument("--gen-seconds", type=float, default=240, help="time budget for generating data")
+    parser.add_argument("--data", help="cache the generated data in this torch file (reused if it exists)")
+    parser.add_argument("--vocab", type=int, default=2048,
+                        help="output vocabulary of the shipped draft: the tokens the target uses most (0: all)")
+    parser.add_argument("--out", default="draft.safetensors", help="where the trained layer + norm go")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+
+    model, tok = ll.load("smollm2-135m")
+    data = load_or_make_data(model, tok, args.data, args.gen_seconds)
+    held = data[-32:]  # the last batch: a validation loss on unseen continuations
+    data = data[:-32]
+    draft = build_draft(model, args.init_layer, args.layers)
+    print(f"validation loss before training: {eval_loss(draft, held, args.loss):.3f}")
+    t0 = time.perf_counter()
+    train(draft, data, args.steps, args.lr, args.batch, args.loss)
+    print(f"trained {args.steps} steps in {time.perf_counter() - t0:.0f} s; "
+          f"validation loss {eval_loss(draft, held, args.loss):.3f}")
+    vocab = choose_vocabulary(data, model.config.vocab_size, args.vocab) if args.vocab else None
+    save_draft(draft, args.out, vocab)
+    print(f"saved {args.out} ({os.path.getsize(args.out) / 1e6:.1f} MB)")
+
+
+if __name__ == "__main__":
+    main()

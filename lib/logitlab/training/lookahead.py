@@ -1,0 +1,270 @@
+"""Train PaSS look-ahead embeddings for SmolLM2-135M, for chapter 8 ("Parallel speculative sampling").
+
+The shipped embeddings (``ll.lookahead.load_pretrained``) were made in two runs, the second
+continuing from the first:
+
+    python -m logitlab.training.lookahead --data medusa_data.pt --also draft_data.pt \
+        --steps 220 --batch 3 --groups 16 --lr 0.03 --out stage1.safetensors
+    python -m logitlab.training.lookahead --data medusa_data.pt --also draft_data.pt \
+        --steps 180 --batch 4 --groups 32 --lr 0.01 --init stage1.safetensors --out lookahead.safetensors
+
+(12 and 17 minutes on 2 CPU cores; the second run uses the faster two-pass loss of
+``lookahead_losses`` below, which the first predates: same loss, less backward work.)
+
+The data are the model's own continuations with its top-64 logits at every new position, made
+by ``logitlab.training.data.make_data`` on chapter 7's 300 varied prompts (``--gen-seconds`` of
+generation when the ``--data`` file does not exist yet; the book's run reused chapter 7's file)
+plus chapter 6's draft data (``--also``). The rows of every seventh prompt are held out.
+
+Why this design:
+
+* One set of ``k = 8`` embeddings is trained, and a PaSS drafter with ``k < 8`` uses its first
+  ``k``. Slot ``i`` attends to the context and to slots ``1..i-1`` only, so what slots 1..k
+  predict does not depend on the vectors after them: the first k are a working set of k. (What
+  the joint training adds is that slot i's vector is also shaped to help the later slots, which
+  read its keys and values; a set trained for k alone might be slightly better at small k.)
+* The loss is KL(target || slot) on the target's recorded top-64, for every slot, at ``groups``
+  random contexts per row, all the slot groups scored in one pass with a tree mask
+  (``training_layout`` below). Gradients flow through the frozen model into the
+  ``8 x 576`` numbers. The rows run first without gradients, then the slots on their cache, so
+  the backward pass runs through the slots only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import time
+
+import torch
+import torch.nn.functional as F
+
+from ..decoding import additive_mask, check_body_and_head
+from ..lookahead import LookaheadEmbeddings, check_lookahead, load_lookahead, save_lookahead, training_curve
+from ..tree import tree_attention_mask, tree_position_ids
+from .data import load_or_make_data, prompt_ids, varied_prompts
+
+
+def training_layout(length: int, starts: list[int], k: int) -> list[int]:
+    """Parents for training on one sequence of ``length`` tokens: the tokens as a chain, then a
+    chain of ``k`` look-ahead slots after each context end ``t`` in ``starts`` (slot 1's parent is
+    token t). One pass then trains every context in ``starts`` at once, each group seeing only
+    its own context, exactly as at generation time."""
+    parents = [-1] + list(range(length - 1))
+    for t in starts:
+        for i in range(k):
+            parents.append(t if i == 0 else len(parents) - 1)
+    return parents
+
+
+def lookahead_losses(lookahead: LookaheadEmbeddings, rows, groups: int, rng: random.Random) -> torch.Tensor:
+    """KL(target || look-ahead) per slot, ``[k]``, averaged over ``groups`` random contexts of each row.
+
+    ``rows`` are training rows of ``logitlab.training.data`` (tokens, start of the new tokens, top-64
+    logits ``topv``/ids ``topi`` at the positions predicting them): the target's distribution of
+    token ``t + 1 + i`` is at position ``t + i``, row ``t + i - (start - 1)`` of ``topv``. That is
+    the target's distribution given the true tokens up to ``t + i``, the ones the slot skips.
+
+    Two passes: the rows alone, without gradients (the vectors do not affect them), then all the
+    slot groups on that cache, each group seeing its own context only (``training_layout``'s
+    mask). The backward pass then runs through the slots alone.
+    """
+    model, k = lookahead.model, lookahead.k
+    embed = model.model.embed_tokens
+    device = embed.weight.device
+    width = max(len(r[0]) for r in rows)
+    tokens_in, masks, positions, targets_v, targets_i = [], [], [], [], []
+    for tokens, start, topv, topi in rows:
+        last = len(tokens) - 2 - k  # slot k must still have a recorded target
+        if last < start - 1:
+            raise ValueError(f"rows: a row is too short for k = {k} (needs at least {k + 1} new tokens)")
+        starts = [rng.randint(start - 1, last) for _ in range(groups)]
+        tokens_in.append(torch.cat([tokens, tokens.new_zeros(width - len(tokens))]))  # right padding: never seen
+        parents = training_layout(width, starts, k)
+        masks.append(additive_mask(tree_attention_mask(parents)[width:], model))  # the slots' rows
+        positions.append(tree_position_ids(parents)[width:])
+        rel = torch.tensor([[t + i - (start - 1) for i in range(1, k + 1)] for t in starts], device="cpu")  # [groups, k]
+        targets_v.append(topv[rel].float())
+        targets_i.append(topi[rel].long())
+    with torch.no_grad():
+        cache = model.model(input_ids=torch.stack(tokens_in).to(device), use_cache=True).past_key_values
+    slots = lookahead.inputs().repeat(groups, 1)  # [groups * k, d]: the k vectors, once per group
+    hidden = model.model(inputs_embeds=slots.expand(len(rows), -1, -1), past_key_values=cache, use_cache=True,
+                         attention_mask=torch.stack(masks)[:, None].to(device),
+                         position_ids=torch.stack(positions).to(device)).last_hidden_state
+    logq = F.log_softmax(model.lm_head(hidden).float(), dim=-1)  # [B, groups * k, V]
+    logq = logq.view(len(rows), groups, k, -1)
+    logp = F.log_softmax(torch.stack(targets_v).to(device), dim=-1)  # the target renormalised over its top 64
+    kl = (logp.exp() * (logp - logq.gather(-1, torch.stack(targets_i).to(device)))).sum(-1)  # [B, groups, k]
+    return kl.mean(dim=(0, 1))
+
+
+@torch.inference_mode()
+def rows_from_tokens(model, sequences, tokenizer=None, top: int = 64) -> list:
+    """Training rows from plain text: each sequence (a string, with ``tokenizer``, or token ids)
+    is run through ``model`` once, and its top-``top`` logits at every position are recorded,
+    the form ``logitlab.training.data.make_data`` produces (the whole sequence counts as new)."""
+    rows = []
+    device = model.model.embed_tokens.weight.device
+    for seq in sequences:
+        if isinstance(seq, str):
+            if tokenizer is None:
+                raise ValueError("data: texts need a tokenizer (pass tokenizer=...)")
+            seq = tokenizer(seq)["input_ids"]
+        ids = torch.as_tensor(seq, dtype=torch.long, device=device)
+        if ids.dim() != 1 or len(ids) < 3:
+            raise ValueError(f"data: each sequence must be one list of at least 3 token ids, got shape {tuple(ids.shape)}")
+        logits = model(input_ids=ids[None]).logits[0, :-1].float()
+        v, i = logits.topk(min(top, logits.shape[-1]), dim=-1)
+        rows.append((ids.cpu(), 1, v.half().cpu(), i.int().cpu()))
+    return rows
+
+
+def _as_rows(model, data, tokenizer):
+    """Rows as they are, or made from texts / token sequences (``rows_from_tokens``)."""
+    if not isinstance(data, (list, tuple)) or not data:
+        raise ValueError("data must be a non-empty list of training rows (logitlab.training.data), texts or "
+                         "token sequences")
+    if all(isinstance(r, tuple) and len(r) == 4 and isinstance(r[2], torch.Tensor) for r in data):
+        return list(data)
+    return rows_from_tokens(model, data, tokenizer)
+
+
+def train_lookahead(model, k: int, data, steps: int, lr: float = 0.01, batch: int = 4, groups: int = 16,
+                    seed: int = 0, progress: bool = True, lookahead: LookaheadEmbeddings | None = None,
+                    tokenizer=None):
+    """Train ``k`` look-ahead embeddings for ``model`` (frozen) by distillation.
+
+    ``data``: training rows as made by ``logitlab.training.data.make_data`` (the model's own
+    continuations with its top-64 logits), or texts (with ``tokenizer``) or token sequences,
+    which are first run through the model to record its logits (``rows_from_tokens``). Each step
+    takes ``batch`` rows and ``groups`` random contexts in each. Returns ``(lookahead, losses)``:
+    ``losses[s]`` is step s's KL per slot (a list of ``k`` floats), for the loss curve. Adam,
+    short warm-up, cosine decay. A progress bar shows the loss unless ``progress=False``.
+    """
+    check_body_and_head(model, "model")
+    for name, v, lo in (("steps", steps, 1), ("batch", batch, 1), ("groups", groups, 1)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
+        raise ValueError(f"lr must be a number > 0, got {lr!r}")
+    if not isinstance(data, (list, tuple)) or len(data) < batch:
+        raise ValueError(f"data must be a list of at least batch={batch} training rows (logitlab.training.data), "
+                         "texts or token sequences")
+    lookahead = LookaheadEmbeddings(model, k, seed) if lookahead is None else lookahead
+    check_lookahead(lookahead, model)
+    if lookahead.k != k:
+        raise ValueError(f"k={k} but the lookahead given has {lookahead.k} embeddings")
+    data = _as_rows(model, data, tokenizer)
+    rng = random.Random(seed)
+    opt = torch.optim.Adam(lookahead.parameters(), lr=lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 10) * 0.5 * (1 + math.cos(math.pi * s / steps)))
+    frozen = [p.requires_grad for p in model.parameters()]
+    model.requires_grad_(False)  # gradients flow through the model to the vectors only
+    losses, start = [], time.perf_counter()
+    bar = _progress(steps, progress)
+    try:
+        for step in range(steps):
+            per_slot = lookahead_losses(lookahead, rng.sample(list(data), batch), groups, rng)
+            opt.zero_grad()
+            per_slot.mean().backward()
+            opt.step()
+            sched.step()
+            losses.append(per_slot.tolist())
+            bar(step, sum(losses[-1]) / k, time.perf_counter() - start)
+    finally:
+        for p, f in zip(model.parameters(), frozen):
+            p.requires_grad_(f)
+    return lookahead, losses
+
+
+def _progress(steps: int, enabled: bool):
+    """A progress bar (tqdm's, in a notebook or a terminal) updated once per step."""
+    if not enabled:
+        return lambda step, loss, seconds: None
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=steps, desc="look-ahead training")
+
+    def update(step, loss, seconds):
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.3f}")
+        if step == steps - 1:
+            bar.close()
+
+    return update
+
+
+@torch.inference_mode()
+def slot_accuracy(lookahead: LookaheadEmbeddings, rows, groups: int = 16, seed: int = 0) -> list[float]:
+    """Top-1 accuracy per slot on ``rows``: how often slot i's most likely token is the target's
+    most likely token ``i + 1`` places ahead (the rate greedy PaSS would accept it at, if every
+    earlier draft were right)."""
+    rng = random.Random(seed)
+    model, k = lookahead.model, lookahead.k
+    hits, total = torch.zeros(k, device="cpu"), 0
+    device = model.model.embed_tokens.weight.device
+    for row in rows:
+        tokens, start, topv, topi = row
+        if len(tokens) - 2 - k < start - 1:
+            raise ValueError(f"rows: a row is too short for k = {k} (needs at least {k + 1} new tokens)")
+        starts = [rng.randint(start - 1, len(tokens) - 2 - k) for _ in range(groups)]
+        parents = training_layout(len(tokens), starts, k)
+        inputs = torch.cat([model.model.embed_tokens(tokens.to(device)), lookahead.inputs().repeat(groups, 1)])
+        mask = additive_mask(tree_attention_mask(parents), model)[None, None].to(device)
+        hidden = model.model(inputs_embeds=inputs[None], attention_mask=mask,
+                             position_ids=tree_position_ids(parents)[None].to(device)).last_hidden_state[0]
+        guess = model.lm_head(hidden[len(tokens):]).argmax(-1).view(groups, k).cpu()
+        rel = torch.tensor([[t + i - (start - 1) for i in range(1, k + 1)] for t in starts], device="cpu")
+        hits += (guess == topi[rel][..., 0].long()).float().sum(0)
+        total += groups
+    return (hits / total).tolist()
+
+
+def main(argv=None):
+    import logitlab as ll
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--k", type=int, default=8, help="look-ahead embeddings")
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--batch", type=int, default=4, help="rows per step")
+    parser.add_argument("--groups", type=int, default=16, help="contexts per row per step")
+    parser.add_argument("--gen-seconds", type=float, default=240, help="time budget for generating data")
+    parser.add_argument("--data", help="the generated data as a torch file (reused if it exists)")
+    parser.add_argument("--also", nargs="*", default=[], help="more data files (logitlab.training.draft's)")
+    parser.add_argument("--held-out-every", type=int, default=7)
+    parser.add_argument("--init", help="continue from embeddings saved in this file (their curve is kept)")
+    parser.add_argument("--out", default="lookahead.safetensors")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+
+    model, tok = ll.load("smollm2-135m", device="cpu")
+    data = load_or_make_data(model, tok, args.data, args.gen_seconds, prompts=varied_prompts(tok))
+    for path in args.also:
+        data += torch.load(path)
+    held_prompts = {tuple(p) for p in (varied_prompts(tok) + prompt_ids(tok))[:: args.held_out_every]}
+    held = [r for r in data if tuple(r[0][: r[1]].tolist()) in held_prompts][:48]
+    data = [r for r in data if tuple(r[0][: r[1]].tolist()) not in held_prompts]
+    print(f"{len(data)} training rows, {sum(len(r[2]) for r in data)} new tokens; {len(held)} held-out rows")
+    t0 = time.perf_counter()
+    start, before = None, []
+    if args.init:
+        start = load_lookahead(model, args.init)
+        curve = training_curve(args.init)
+        before = [] if curve is None else curve.tolist()
+    lookahead, losses = train_lookahead(model, args.k, data, args.steps, args.lr, args.batch, args.groups,
+                                        lookahead=start)
+    seconds = time.perf_counter() - t0
+    first, last = sum(losses[0]) / args.k, sum(sum(x) for x in losses[-10:]) / (10 * args.k)
+    print(f"trained {args.steps} steps in {seconds:.0f} s; mean KL per slot {first:.3f} -> {last:.3f} (last 10 steps)")
+    print(f"held-out top-1 accuracy per slot: {[round(a, 3) for a in slot_accuracy(lookahead, held)]}")
+    save_lookahead(lookahead, args.out, before + losses)
+    print(f"saved {args.out} ({os.path.getsize(args.out) / 1e3:.0f} KB)")
+
+
+if __name__ == "__main__":
+    main()
