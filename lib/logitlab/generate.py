@@ -75,19 +75,28 @@ def generate(
     device = model_device(model)
     check_generator(generator, device)
     began = now(device)
+    state, cache, logits = _prefill(model, ids, mask, n, max_new_tokens)
+    prefill_seconds = now(device) - began
+    _decode(model, state, cache, logits, config, generator, eos, min_new_tokens, stops, tokenizer)
+    return state.result(tokenizer, n, prefill_seconds, now(device) - began)
 
-    # 1. Prefill: one forward pass over the prompts; position ids skip the left padding.
+
+def _prefill(model, ids, mask, n: int, max_new_tokens: int):
+    """1. One forward pass over the prompts (position ids skip the left padding), copied for
+    ``n`` samples per prompt. Returns the rows' state, the KV cache and the next logits."""
     positions = (mask.cumsum(dim=-1) - 1).clamp_min(0)
     step = forward(model, input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=1)
     cache, logits = step.cache, step.logits[:, -1]
-    prefill_seconds = now(device) - began
     # N samples per prompt share the prefill: copy the cache and the logits, not the computation.
     if n > 1:
         cache.batch_repeat_interleave(n)
         logits, ids, mask = (t.repeat_interleave(n, dim=0) for t in (logits, ids, mask))
-    state = _Rows(ids, mask, max_new_tokens)
+    return _Rows(ids, mask, max_new_tokens), cache, logits
 
-    # 2. Decode, one token per active row per step, until every row has finished.
+
+def _decode(model, state, cache, logits, config, generator, eos, min_new_tokens, stops, tokenizer) -> None:
+    """2. One token per active row per step, until every row has finished."""
+    device, max_new_tokens = logits.device, state.max_new_tokens
     eos_tensor = torch.tensor(eos, dtype=torch.long, device=device)
     for index in range(max_new_tokens):
         start = now(device)
@@ -97,7 +106,7 @@ def generate(
         finished = state.finish(tokens, eos_tensor, stops, tokenizer, last=index == max_new_tokens - 1)
         if finished is None:  # every row is done
             state.step_seconds.append(now(device) - start)
-            break
+            return
         if finished.any():  # drop finished rows from the batch and the cache
             keep = (~finished).nonzero().squeeze(-1)
             cache.batch_select_indices(keep)
@@ -109,7 +118,6 @@ def generate(
         cache, logits = step.cache, step.logits[:, -1]
         state.model_calls += 1
         state.step_seconds.append(now(device) - start)
-    return state.result(tokenizer, n, prefill_seconds, now(device) - began)
 
 
 def _merge_config(config, settings: dict) -> SamplingConfig:
@@ -130,7 +138,7 @@ class _Rows:
     """
 
     def __init__(self, ids, mask, max_new_tokens):
-        rows = ids.shape[0]
+        rows, self.max_new_tokens = ids.shape[0], max_new_tokens
         self.context = ids.masked_fill(mask == 0, -1)  # padding is -1, which the penalties ignore
         self.mask = mask
         self.output = ids.new_full((rows, 0), -1)  # grows by one column per step
