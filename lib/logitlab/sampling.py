@@ -33,10 +33,17 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
-def _at_least_float32(logits: torch.Tensor) -> torch.Tensor:
-    """Half-precision logits in float32, for an accurate division by the temperature; float64
-    logits as they are (in float32, 1e39 would become +inf)."""
-    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+def _scaled(logits, temperature, generator) -> torch.Tensor | None:
+    """``logits / temperature`` after checking the three arguments, or None at temperature 0.
+
+    Half-precision logits are divided in float32, for accuracy; float64 logits stay float64
+    (in float32, 1e39 would become +inf)."""
+    check_logits(logits)
+    temperature = check_temperature(temperature)
+    check_generator(generator, logits.device)
+    if temperature == 0.0:
+        return None
+    return apply_temperature(logits.to(torch.promote_types(logits.dtype, torch.float32)), temperature)
 
 
 def sample(
@@ -48,12 +55,9 @@ def sample(
     ``[0, 1)``, one uniform number picks a point, and a binary search finds whose interval it
     is. ``temperature=0`` is greedy decoding and draws no random number.
     """
-    check_logits(logits)
-    temperature = check_temperature(temperature)
-    check_generator(generator, logits.device)
-    if temperature == 0.0:
+    scaled = _scaled(logits, temperature, generator)
+    if scaled is None:
         return greedy(logits)
-    scaled = apply_temperature(_at_least_float32(logits), temperature)
     # Unnormalised probabilities: the cumulative sum's last entry is the total, so dividing
     # every weight by it (the softmax's denominator) is not needed.
     weights = torch.exp(scaled - scaled.amax(dim=-1, keepdim=True))
@@ -90,12 +94,9 @@ def gumbel_max(
     ``softmax(logits / T)``: a sample with no normalisation and no cumulative sum, which is why
     the trick reappears later in the book (sampling without replacement, Gumbel-top-k).
     """
-    check_logits(logits)
-    temperature = check_temperature(temperature)
-    check_generator(generator, logits.device)
-    if temperature == 0.0:
+    scaled = _scaled(logits, temperature, generator)
+    if scaled is None:
         return greedy(logits)
-    scaled = apply_temperature(_at_least_float32(logits), temperature)
     u = torch.rand(scaled.shape, generator=generator, device=scaled.device, dtype=torch.float32)
     # rand draws from [0, 1): keep u away from 0 so that -log(u) stays finite.
     u = u.clamp_min(torch.finfo(torch.float32).tiny)
