@@ -69,7 +69,33 @@ def entry_points():
         "pass_generate, likely": lambda: pass_generate(target, lookahead, [[1, 2]], max_new_tokens=6, temperature=1.0,
                                                        prefixes="likely", generator=ll.generator(target, 0)),
     }
-    return list(calls.items())
+    return list(calls.items()) + training_entry_points(target, heads, lookahead)
+
+
+def training_entry_points(target, heads, lookahead):
+    """One small step of every trainer (draft model, Medusa heads, look-ahead embeddings) and of
+    the data they are trained on."""
+    from logitlab.drafters import build_draft
+    from logitlab.training import data, draft, medusa
+    from logitlab.training.lookahead import train_lookahead
+
+    small = build_draft(target)  # made before the test sets the default device, as in a script
+
+    def rows():
+        return data.generate_with_logits(target, [[1, 2, 3], [4, 5]], [0.0, 1.0], 4, 3, ll.generator(target, 0))
+
+    def train_heads():
+        r = rows()
+        tensors = medusa.training_tensors(r, medusa.hidden_states(target, r), torch.arange(6, device="cpu"), 6, 2)
+        medusa.train(heads, tensors, steps=1, lr=1e-3, batch=4)
+
+    return [
+        ("training data", rows),
+        ("train the draft model", lambda: draft.train(small, rows(), steps=1, lr=1e-3, batch=2)),
+        ("train Medusa heads", train_heads),
+        ("train look-ahead embeddings", lambda: train_lookahead(target, 2, rows(), steps=1, batch=2, groups=2,
+                                                                progress=False, lookahead=lookahead)),
+    ]
 
 
 ENTRY_POINTS = entry_points()
@@ -138,3 +164,70 @@ def test_every_generator_in_the_library_and_the_chapters_names_its_device():
     files = list((root / "lib").rglob("*.py")) + list((root / "chapters").glob("*.ipynb"))
     bare = [f.name for f in files if re.search(r"torch\.Generator\(\s*\)", f.read_text())]
     assert not bare, f"torch.Generator() without a device in {bare}: use ll.generator(model, seed)"
+
+
+# --- Exactness in float32 ------------------------------------------------------------------------
+# On MPS every sum the library keeps in float64 elsewhere runs in float32. The exactness tests
+# must still pass there: the same chi-square tests as in test_speculative and test_lookahead (each
+# with its false-positive rate P_MIN = 1e-4), run with the library told it is on MPS and with no
+# float64 allowed into the computation.
+
+
+def test_sampling_stays_exact_in_float32(monkeypatch):
+    from collections import Counter
+
+    from scipy.stats import chisquare
+    from test_speculative import P_MIN
+
+    pretend_mps(monkeypatch)
+    logits = torch.tensor([[2.0, 0.5, -1.0, 1.5, -9.0, 0.0]]).expand(60_000, -1)
+    with NoNewFloat64():
+        tokens = ll.sample(logits, temperature=0.7, generator=ll.generator("cpu", 0))
+    probs = torch.softmax(logits[0].double() / 0.7, dim=-1)
+    counts = Counter(tokens.tolist())
+    assert chisquare([counts.get(i, 0) for i in range(6)], (probs * len(tokens)).tolist()).pvalue > P_MIN
+
+
+@pytest.mark.parametrize("gamma", [1, 3])
+def test_speculative_sampling_stays_exact_in_float32(monkeypatch, gamma):
+    from test_speculative import P_MIN, chi_square_pvalue, exact_sequence_probs
+
+    pretend_mps(monkeypatch)
+    target = ll.toy_model(vocab_size=5, order=2, seed=0)
+    drafter = DraftModelDrafter(ll.toy_model(vocab_size=5, order=3, seed=9))
+    settings = dict(temperature=0.8, top_p=0.9)
+    with NoNewFloat64():
+        out = ll.speculative_generate(target, drafter, [[1, 2]], gamma=gamma, max_new_tokens=3, eos_token_id=[4],
+                                      num_return_sequences=30_000, generator=ll.generator(target, gamma), **settings)
+    probs = exact_sequence_probs(target, [1, 2], 3, ll.SamplingConfig(**settings), eos=(4,))
+    assert 0 < out.alpha < 1
+    assert chi_square_pvalue(out.new_tokens, probs) > P_MIN
+
+
+def test_pass_stays_exact_in_float32(monkeypatch):
+    from test_lookahead import pooled_pvalue, random_lookahead
+    from test_speculative import P_MIN, exact_llama_probs
+    from test_speculative import tiny_llama as sharp_llama
+
+    pretend_mps(monkeypatch)
+    target = sharp_llama(2, seed=0, vocab=4)
+    lookahead = random_lookahead(target, 2, seed=1)
+    with NoNewFloat64():
+        out = ll.speculative_generate(target, lookahead, [[1, 2]], gamma=3, max_new_tokens=4, temperature=1.0,
+                                      eos_token_id=[], num_return_sequences=20_000, generator=ll.generator(target, 0))
+    probs = exact_llama_probs(target, [1, 2], 4, ll.SamplingConfig(temperature=1.0))
+    assert pooled_pvalue(out.new_tokens, probs) > P_MIN
+
+
+def test_the_float32_exactness_test_detects_a_biased_sampler(monkeypatch):
+    # The same chi-square test as above fails a sampler that is off by the temperature.
+    from collections import Counter
+
+    from scipy.stats import chisquare
+    from test_speculative import P_MIN
+
+    logits = torch.tensor([[2.0, 0.5, -1.0, 1.5, -9.0, 0.0]]).expand(60_000, -1)
+    tokens = ll.sample(logits, temperature=0.8, generator=ll.generator("cpu", 0))
+    probs = torch.softmax(logits[0].double() / 0.7, dim=-1)
+    counts = Counter(tokens.tolist())
+    assert chisquare([counts.get(i, 0) for i in range(6)], (probs * len(tokens)).tolist()).pvalue < P_MIN

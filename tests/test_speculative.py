@@ -206,7 +206,7 @@ def test_prompt_lookup_is_exact_on_the_toy_model():
 
 def test_the_exactness_test_detects_a_loop_that_keeps_rejected_drafts():
     # Accepting every draft makes the output the drafter's: the same chi-square test must fail.
-    class AcceptAll:
+    class AcceptAll(ll.speculative.AcceptanceRule):
         def __call__(self, drafts, q, p, logits, config, generator):
             last = torch.multinomial(p[:, -1], 1, generator=generator).squeeze(-1)
             return torch.full((drafts.shape[0],), drafts.shape[1]), last

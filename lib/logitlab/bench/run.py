@@ -13,6 +13,7 @@ from .basics import bench_generate, bench_load, bench_parallel, bench_sampling
 from .drafting import bench_draft_model, bench_pass, bench_speculative, bench_typical
 from .table import Table, cpu_name
 
+
 def main(argv=None) -> Table:
     parser = argparse.ArgumentParser(prog="python -m logitlab.bench",
                                      description="The book's performance table, as ratios measured in one run.")
