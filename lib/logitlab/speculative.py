@@ -395,12 +395,8 @@ def speculative_generate(
     began, out, side = now(device), Outputs(len(ids), eos, max_new_tokens), _Target(target, drafter)
     stats = dict(model_calls=1, accepted=[], drafted=[], draft_seconds=0.0, verify_seconds=0.0, step_seconds=[])
 
-    # The first token is the target's choice after an empty prefix, exactly as in ll.generate.
-    logits = side.prefill(ids, mask)
-    pending = acceptance.first_token(logits, config, generator)
-    p = None if config.temperature == 0 else softmax(process_logits(logits, config))[:, None]
+    pending = _first_token(side, acceptance, ids, mask, config, generator, out)
     active = list(range(len(ids)))
-    out.add(active, pending[:, None], logits[:, None], p, [1] * len(active))
     stats["prefill_seconds"] = now(device) - began
     while True:
         done = out.finished(active)
@@ -416,6 +412,16 @@ def speculative_generate(
     prompts = [row[m.bool()] for row, m in zip(ids, mask)]
     return out.result(prompts, [r // n for r in range(len(ids))], tokenizer, device, seconds=now(device) - began,
                       drafter_steps=drafter.steps, **stats)
+
+
+def _first_token(side, acceptance, ids, mask, config, generator, out) -> torch.Tensor:
+    """The prefill: the first token is the target's choice after an empty prefix, exactly as in
+    ``ll.generate``. It is recorded in ``out`` and returned as every row's pending token."""
+    logits = side.prefill(ids, mask)
+    pending = acceptance.first_token(logits, config, generator)
+    p = None if config.temperature == 0 else softmax(process_logits(logits, config))[:, None]
+    out.add(list(range(len(ids))), pending[:, None], logits[:, None], p, [1] * len(ids))
+    return pending
 
 
 def _call(side, drafter, acceptance, pending, gamma, config, generator, out, active, stats) -> torch.Tensor:

@@ -251,7 +251,12 @@ def sample_tree(
     ids = one_prompt(input_ids, None, check_model(model))
 
     out = model(input_ids=ids, use_cache=True, logits_to_keep=1)  # prefill; only the last logits are used
-    cache, logits = out.past_key_values, out.logits[0, -1:].float()  # one row: the root
+    return _grow(model, out.past_key_values, out.logits[0, -1:].float(), branching, config, with_replacement,
+                 generator)
+
+
+def _grow(model, cache, logits, branching, config, with_replacement, generator) -> TokenTree:
+    """The levels of ``sample_tree`` after the prefill: ``logits`` ``[1, V]`` are the root's."""
     parents, tokens, logprobs, raw = [], [], [], []
     level = [-1]  # the nodes whose children are drawn next, in the order of the rows of logits
     for depth, k in enumerate(branching):

@@ -3,6 +3,8 @@ and of the single-call layout."""
 
 from __future__ import annotations
 
+import copy
+
 from .common import CheckFailed, as_list, call
 
 
@@ -14,16 +16,10 @@ def check_training_layout(fn) -> None:
 
     cases = [("one token, one slot", 1, [0], 1), ("the chapter's drawing", 5, [1, 3], 2),
              ("two groups after the same token", 4, [2, 2], 3), ("no groups", 3, [], 2)]
-    for name, length, starts, k in cases:
-        label = f"Case {name} (length={length}, starts={starts}, k={k})"
-        got = call(fn, label, length, list(starts), k)
-        want = training_layout(length, starts, k)
-        got = as_list(got)
-        if got != want:
-            raise CheckFailed(f"{label}: expected parents {want}, got {got}. The tokens come first, each the child "
-                              "of the one before; then each group: its first slot hangs from token t, each "
-                              "later slot from the slot before it.")
-    print(f"check_training_layout: all {len(cases)} cases passed.")
+    _compare_parents(fn, training_layout, [(f"Case {name} (length={length}, starts={starts}, k={k})",
+                                            (length, starts, k)) for name, length, starts, k in cases],
+                     "The tokens come first, each the child of the one before; then each group: its first slot "
+                     "hangs from token t, each later slot from the slot before it.", "check_training_layout")
 
 
 def check_single_call_layout(fn) -> None:
@@ -35,13 +31,17 @@ def check_single_call_layout(fn) -> None:
     cases = [("no drafts, three slots", 0, {0: 3}), ("two drafts, slots after every prefix", 2, {0: 2, 1: 2, 2: 2}),
              ("slots after the full prefix only", 3, {3: 2}), ("groups given out of order", 2, {2: 1, 0: 1}),
              ("no slots at all", 2, {})]
-    for name, m, groups in cases:
-        label = f"Case {name} (num_drafts={m}, groups={groups})"
-        got = call(fn, label, m, dict(groups))
-        want = single_call_layout(m, groups)
-        got = as_list(got)
+    _compare_parents(fn, single_call_layout, [(f"Case {name} (num_drafts={m}, groups={groups})", (m, groups))
+                                              for name, m, groups in cases],
+                     "Node 0 is the pending token (parent -1), draft i is node i (parent i - 1); the group for "
+                     "prefix j starts at node j and groups come in increasing j.", "check_single_call_layout")
+
+
+def _compare_parents(fn, reference, cases, hint: str, check: str) -> None:
+    """``fn(*args)`` must give the parents list ``reference(*args)`` gives, for each ``(label, args)``."""
+    for label, args in cases:
+        got = as_list(call(fn, label, *copy.deepcopy(args)))  # a copy: the student may change them
+        want = reference(*args)
         if got != want:
-            raise CheckFailed(f"{label}: expected parents {want}, got {got}. Node 0 is the pending token (parent -1), "
-                              "draft i is node i (parent i - 1); the group for prefix j starts at node j and "
-                              "groups come in increasing j.")
-    print(f"check_single_call_layout: all {len(cases)} cases passed.")
+            raise CheckFailed(f"{label}: expected parents {want}, got {got}. {hint}")
+    print(f"{check}: all {len(cases)} cases passed.")

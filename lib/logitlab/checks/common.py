@@ -29,6 +29,15 @@ def call(fn, case: str, *args):
         raise CheckFailed(f"{case}: your function raised {type(exc).__name__}: {exc}") from exc
 
 
+def call_on_logits(fn, case: str, logits: torch.Tensor, *args):
+    """``call(fn, case, logits, *args)``, failing if ``fn`` changed ``logits`` in place."""
+    original = logits.clone()
+    got = call(fn, case, logits, *args)
+    if not torch.equal(logits, original):
+        raise CheckFailed(f"{case}: your function changed the logits it was given (work on a copy).")
+    return got
+
+
 def as_list(got):
     """A parents list as a plain list, whether a student returned a list, a tuple or a tensor."""
     if isinstance(got, torch.Tensor):
