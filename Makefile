@@ -59,7 +59,8 @@ book: setup
 test: setup
 	rm -rf $(SCRATCH) && mkdir -p $(SCRATCH)/chapters
 	cp chapters/*.ipynb $(SCRATCH)/chapters/
-	LOGITLAB_EXPECT_EXECUTED=1 $(PY) -m pytest tests $(SCRATCH)/chapters --nbmake --overwrite --nbmake-timeout=600
+	LOGITLAB_EXPECT_EXECUTED=1 $(PY) -m pytest tests $(SCRATCH)/chapters --nbmake --overwrite --nbmake-timeout=600 \
+		--durations=30
 	$(MAKE) --no-print-directory test-lower
 
 # The lower bounds of pyproject.toml, checked: .venv-lower holds the lowest version of every
