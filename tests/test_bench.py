@@ -77,6 +77,8 @@ def test_a_ratio_below_one_is_reported_as_slower():
     lines = table.markdown().splitlines()
     assert lines[2].endswith("| 0.70x (slower than our AR loop) |")
     assert lines[3].endswith("| 1.25x faster than our AR loop |")
+    table.add("c", 1.0, 0.97, "slower than ours, same algorithm")
+    assert table.markdown().splitlines()[-1].endswith("| 0.97x (faster than ours, same algorithm) |")
 
 
 def test_pass_costs_are_in_decode_steps_and_cover_every_size():

@@ -18,8 +18,11 @@ class Table:
         lines = ["| measurement | median time | ratio |", "|:---|---:|---:|"]
         for r in self.rows:
             against = r["against"]
-            if r["ratio"] is not None and r["ratio"] < 1 and against.startswith("faster than "):
-                against = f"(slower than {against[len('faster than '):]})"  # 0.8x "faster" is slower
+            # 0.8x "faster" is slower, and 0.8x "slower" is faster: say which.
+            for word, other in (("faster", "slower"), ("slower", "faster")):
+                if r["ratio"] is not None and r["ratio"] < 1 and against.startswith(f"{word} than "):
+                    against = f"({other} than {against[len(word) + 6:]})"
+                    break
             ratio = f"{r['ratio']:.2f}x {against}".strip() if r["ratio"] is not None else ""
             lines.append(f"| {r['measurement']} | {r['seconds'] * 1000:.1f} ms | {ratio} |")
         return "\n".join(lines)
