@@ -252,12 +252,16 @@ def test_sampling_config_takes_numpy_numbers_and_keeps_python_ones():
     assert config == SamplingConfig(temperature=0.7, top_k=50, top_p=float(np.float32(0.5)), min_p=0.05,
                                     typical_p=0.9, repetition_penalty=1.2, presence_penalty=1.0, frequency_penalty=0.5)
     assert type(config.top_k) is int and type(config.temperature) is float and type(config.presence_penalty) is float
-    gen = torch.Generator().manual_seed(0)
-    tokens, _ = next_token(torch.randn(3, 100, generator=gen), config, generator=gen)
-    assert tokens.shape == (3,)
+    logits = torch.randn(3, 100, generator=torch.Generator().manual_seed(0))
+    tokens, _ = next_token(logits, config, generator=torch.Generator().manual_seed(1))
+    plain = SamplingConfig(temperature=0.7, top_k=50, top_p=float(np.float32(0.5)), min_p=0.05, typical_p=0.9,
+                           repetition_penalty=1.2, presence_penalty=1, frequency_penalty=0.5)
+    assert torch.equal(tokens, next_token(logits, plain, generator=torch.Generator().manual_seed(1))[0])
     out = ll.generate(ll.toy_bigram(), [[1]], max_new_tokens=3, temperature=np.float32(0.7), top_k=np.int64(3),
                       generator=torch.Generator().manual_seed(0))
-    assert len(out.new_tokens[0]) >= 1
+    same = ll.generate(ll.toy_bigram(), [[1]], max_new_tokens=3, temperature=float(np.float32(0.7)), top_k=3,
+                       generator=torch.Generator().manual_seed(0))
+    assert torch.equal(out.sequences[0], same.sequences[0])
 
 
 @pytest.mark.parametrize("field, value", [

@@ -43,8 +43,18 @@ def test_forward_seconds_times_decode_and_verification_passes_on_the_toy_model()
     import logitlab as ll
 
     model = ll.toy_model(vocab_size=5)
+    seen = []  # (cached length, new tokens) at every pass
+    forward = model.forward
+
+    def recording(*args, past_key_values=None, input_ids=None, **kwargs):
+        seen.append((0 if past_key_values is None else past_key_values.get_seq_length(), input_ids.shape[1]))
+        return forward(*args, past_key_values=past_key_values, input_ids=input_ids, **kwargs)
+
+    model.forward = recording
     assert timing.forward_seconds(model, [1, 2, 3], 1, repeat=3) > 0
     assert timing.forward_seconds(model, [1, 2, 3], 4, repeat=3) > 0
+    # Each call: a prefill of the context, then 1 + 3 passes, every one on exactly the context.
+    assert seen == [(0, 3)] + [(3, 1)] * 4 + [(0, 3)] + [(3, 4)] * 4
 
 
 @pytest.mark.slow

@@ -127,6 +127,31 @@ def test_min_new_tokens_makes_eos_impossible_until_then():
         assert (tokens[:-1] != 4).all()
 
 
+def test_raw_logprobs_are_the_models_own_even_while_eos_is_forbidden():
+    # min_new_tokens removes EOS from the distribution that is sampled, not from the model's:
+    # raw_logprobs stay log softmax of the model's logits; logprobs are renormalised without EOS.
+    model = toy_with_eos()
+    out = ll.generate(model, torch.zeros(3, 1, dtype=torch.long), max_new_tokens=6, min_new_tokens=6,
+                      eos_token_id=4, generator=torch.Generator().manual_seed(0))
+    for seq, raw, sampled in zip(out.sequences, out.raw_logprobs, out.logprobs):
+        logits = model(seq[None]).logits[0, :-1].float()
+        expected = torch.log_softmax(logits, -1).gather(-1, seq[1:, None]).squeeze(-1)
+        assert torch.allclose(raw, expected, atol=1e-6)
+        without_eos = torch.log_softmax(logits.index_fill(-1, torch.tensor([4]), float("-inf")), -1)
+        assert torch.allclose(sampled, without_eos.gather(-1, seq[1:, None]).squeeze(-1), atol=1e-6)
+
+
+def test_long_generations_keep_every_token_and_log_probability():
+    # The output buffers grow while generating (64 columns, then doubling): nothing may be lost.
+    model = ll.toy_model(vocab_size=5, order=2, seed=0)
+    out = ll.generate(model, [[1, 2], [3]], max_new_tokens=150, eos_token_id=[],
+                      generator=torch.Generator().manual_seed(0))
+    for prompt, seq, new, raw in zip([[1, 2], [3]], out.sequences, out.new_tokens, out.raw_logprobs):
+        assert len(new) == 150 and seq[: len(prompt)].tolist() == prompt and torch.equal(seq[len(prompt):], new)
+        logits = model(seq[None]).logits[0, len(prompt) - 1: -1].float()
+        assert torch.allclose(raw, torch.log_softmax(logits, -1).gather(-1, new[:, None]).squeeze(-1), atol=1e-5)
+
+
 def test_finished_rows_stop_costing_compute():
     model = CountingModel(toy_with_eos())
     ll.generate(model, torch.zeros(64, 1, dtype=torch.long), max_new_tokens=10, eos_token_id=4,

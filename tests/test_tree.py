@@ -292,6 +292,14 @@ def test_check_tree_mask_accepts_the_reference_and_rejects_wrong_masks(capsys):
     with pytest.raises(CheckFailed, match=r"chain.*entry \[2, 0\] is False but should be True"):
         check_tree_mask(parent_only)
 
+    def in_place(parents):
+        mask = tree_attention_mask(parents)
+        parents.reverse()
+        return mask
+
+    with pytest.raises(CheckFailed, match="Case 2 of 10 .*changed the parents list it was given"):
+        check_tree_mask(in_place)
+
 
 @pytest.mark.parametrize(
     "kwargs, message",
@@ -331,3 +339,14 @@ def test_score_tree_bad_tokens_raise():
             score_tree(model, [1], [-1, 0], tokens)
     with pytest.raises(ValueError, match="parents"):
         score_tree(model, [1], [-1, 2], [1, 2])
+
+
+def test_a_prompt_as_a_one_row_batch_is_the_same_prompt():
+    # [[1, 2]] (one row, as ll.generate takes it) and torch.tensor([[1, 2]]) mean the prompt [1, 2].
+    model = ll.toy_bigram(vocab_size=6)
+    want = sample_tree(model, [1, 2], branching=(2, 2), generator=torch.Generator().manual_seed(0))
+    for prompt in ([[1, 2]], torch.tensor([[1, 2]])):
+        got = sample_tree(model, prompt, branching=(2, 2), generator=torch.Generator().manual_seed(0))
+        assert got.parents == want.parents and torch.equal(got.tokens, want.tokens)
+        assert torch.equal(score_tree(model, prompt, want.parents, want.tokens)[0],
+                           score_tree(model, [1, 2], want.parents, want.tokens)[0])

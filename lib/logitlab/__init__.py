@@ -8,9 +8,10 @@
 Each module follows a chapter of the book and says which one.
 """
 
-from . import (checks, decoding, drafter, drafters, lookahead, medusa, metrics, penalties, processors, speculative, tree,
+from . import (checks, decoding, devices, drafter, drafters, lookahead, medusa, metrics, penalties, processors, speculative, tree,
                training, typical_acceptance, viz)
-from .decoding import GenerationResult, generator
+from .decoding import GenerationResult
+from .devices import generator
 from .models import device, load, next_token_logits, toy_bigram, toy_model
 from .probs import apply_temperature, entropy, kl, log_softmax, softmax, tv_distance
 from .generate import generate

@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ._validate import check_logits
-from .decoding import check_counts, check_model, eos_ids, forward, model_device, now, prompt_batch
+from .decoding import check_counts, check_model, eos_ids, forward, prompt_batch
+from .devices import model_device, now
 
 NEG = -1.0e9  # the score that marks an empty or forbidden slot, as in Hugging Face
 

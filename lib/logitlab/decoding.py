@@ -1,20 +1,20 @@
 """What every decoding loop of the book shares, written once.
 
-Chapter 3 ("Repetition and stopping") introduces the loop; every later loop (beam search,
-token trees, speculative sampling, Medusa, PaSS) is built from the same pieces:
+Chapter 3 ("Repetition, stopping and the decoding loop") introduces the loop; the later loops
+(beam search, token trees, speculative sampling, Medusa, PaSS) are built from the same pieces,
+next to ``logitlab.devices`` (the model's device, a seeded generator on it, its exact dtype and
+a clock that waits for the device):
 
-* **the device** (``logitlab.devices``): ``model_device``, a seeded ``generator`` on it, its
-  ``exact_dtype`` and a clock, ``now``, that waits for the device before it reads the time;
 * **the prompts**: ``prompt_batch`` turns text, lists of ids or a padded tensor into one
   left-padded batch and its attention mask; ``eos_ids`` and ``check_counts`` validate the rest;
 * **one token from logits**: ``choose`` (greedy at temperature 0, else a draw from the
   processed distribution) and ``draw`` (the same, with the distribution it came from, which a
-  drafter hands to verification);
+  drafter hands to verification), and ``target_probs``, the distribution drafts are judged by;
 * **forward passes**: ``forward`` (optionally returning the last hidden states, which Medusa
   heads and feature-level drafters read) and ``masked_forward``, the pass over new inputs that
   attend to each other through a custom pattern (a token tree's mask);
-* **the KV cache**: ``crop_cache`` and ``keep_cache_positions``, the only code that changes a
-  cache's length;
+* **the KV cache**: ``crop_cache``, ``roll_back`` (rejected drafts out of a batch's cache) and
+  ``keep_cache_positions``, the only code that shortens a cache;
 * **the result**: ``GenerationResult``, what every loop returns, and ``token_logprobs``.
 """
 
@@ -25,9 +25,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .devices import exact_dtype, generator, model_device, now  # noqa: F401 (the loops import them from here too)
-from .probs import log_softmax, softmax
-from .sampling import SamplingConfig, next_token
+from .devices import model_device
+from .sampling import SamplingConfig, next_token, process_logits
 
 # --- Prompts and counts --------------------------------------------------------------------------
 
@@ -165,13 +164,22 @@ def draw(logits: torch.Tensor, config: SamplingConfig, generator=None) -> tuple[
     if config.temperature == 0:
         probs = torch.nn.functional.one_hot(tokens, flat.shape[-1]).to(flat.dtype)
     else:
-        probs = softmax(processed)
+        probs = torch.softmax(processed, dim=-1)
     return tokens.view(logits.shape[:-1]), probs.view(logits.shape)
+
+
+def target_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor | None:
+    """The distribution the target samples from under ``config`` (penalties aside), which the
+    acceptance rules compare drafts with; None at temperature 0, where they compare argmaxes."""
+    if config.temperature == 0:
+        return None
+    return torch.softmax(process_logits(logits, config), dim=-1)
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """``log softmax(logits)`` at ``tokens``: logits ``[..., V]`` and tokens ``[...]`` give ``[...]``."""
-    return log_softmax(logits.float()).gather(-1, tokens[..., None]).squeeze(-1)
+    # torch's own: the loops call this every step on logits that were checked already.
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[..., None]).squeeze(-1)
 
 
 # --- Forward passes ------------------------------------------------------------------------------
@@ -259,6 +267,21 @@ def crop_cache(cache, length: int) -> None:
         cache.crop(-drop)
 
 
+def roll_back(cache, mask: torch.Tensor, fed: int, kept: torch.Tensor) -> torch.Tensor:
+    """After a pass whose last ``fed`` inputs were proposals, of which row b keeps the first
+    ``kept[b]``: the rejected ones are masked out (like left padding, since rows keep different
+    numbers) and cropped from the cache where no row keeps them. Returns the attention mask."""
+    if fed == 0:
+        return mask
+    kept = kept.clamp(max=fed)
+    mask[:, -fed:] *= (torch.arange(1, fed + 1, device=kept.device)[None] <= kept[:, None]).long()
+    drop = fed - int(kept.max())  # positions no row keeps
+    if drop > 0:
+        crop_cache(cache, cache.get_seq_length() - drop)
+        mask = mask[:, :-drop]
+    return mask
+
+
 def keep_cache_positions(cache, keep: torch.Tensor) -> None:
     """Keep only the cached positions ``keep`` (ascending indices), in every layer.
 
@@ -295,7 +318,8 @@ class GenerationResult:
 
     @property
     def decode_seconds_per_token(self) -> float:
-        """Mean time of one decode step (choosing a token and one forward pass)."""
+        """Mean time of one step of the loop: for ``ll.generate`` one token (a choice and one
+        forward pass); for the speculative loops, whose steps are calls, one call."""
         return sum(self.step_seconds) / max(1, len(self.step_seconds))
 
 

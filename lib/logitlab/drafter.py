@@ -20,8 +20,9 @@ class Drafter:
     """Base class of every drafter. Subclasses implement ``propose`` and, if they keep state per
     row, ``start``, ``rollback`` and ``select_rows``.
 
-    ``vocab_size`` must equal the target's. ``steps`` counts the drafter's own forward passes,
-    its prompt's included (0 for a drafter with no model); the loop reports it.
+    ``vocab_size`` must equal the target's. ``steps`` counts the drafter's drafting steps, its
+    prompt counted as one (for a draft model, its forward passes; for Medusa heads, one per call;
+    0 for prompt lookup, which costs no pass); the loop reports it.
     """
 
     vocab_size: int
@@ -36,8 +37,8 @@ class Drafter:
 
     def propose(self, next_tokens: torch.Tensor, gamma: int, config, generator=None):
         """``next_tokens`` ``[B]``: the token the target has just produced for each row, not yet
-        in its cache. Returns ``(tokens [B, g], q [B, g, V])`` with ``1 <= g <= gamma`` (the same
-        for every row): the proposals and the distribution each was drawn from (one-hot for a
+        in its cache. Returns ``(tokens [B, g], q [B, g, V])`` with ``0 <= g <= gamma`` (the same
+        for every row; ``g = 0`` means no proposal, and the call gives the target's own token): the proposals and the distribution each was drawn from (one-hot for a
         deterministic proposal). ``config`` is the loop's ``SamplingConfig``."""
         raise NotImplementedError
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from .decoding import crop_cache, draw, forward
+from .decoding import draw, forward, roll_back
 from .drafter import Drafter
 
 
@@ -86,15 +86,8 @@ class DraftModelDrafter(Drafter):
 
     def rollback(self, num_accepted: torch.Tensor) -> None:
         gamma = self.proposed.shape[1]
-        fed = gamma - 1  # proposals 1 .. gamma - 1 are in the cache
-        # Proposal j (1-based, j <= fed) stays iff j <= num_accepted.
-        keep = torch.arange(1, fed + 1, device=num_accepted.device)[None] <= num_accepted[:, None]
-        if fed > 0:
-            self.mask[:, -fed:] = self.mask[:, -fed:] * keep.long()
-            drop = fed - int(num_accepted.clamp(max=fed).max())  # positions no row keeps
-            if drop > 0:
-                crop_cache(self.cache, self.cache.get_seq_length() - drop)
-                self.mask = self.mask[:, :-drop]
+        # Proposals 1 .. gamma - 1 are in the cache (the last was drawn, never fed).
+        self.mask = roll_back(self.cache, self.mask, gamma - 1, num_accepted)
         self.unfed = torch.where(num_accepted == gamma, self.proposed[:, -1], torch.full_like(num_accepted, -1))
 
     def select_rows(self, keep: torch.Tensor) -> None:
@@ -201,9 +194,9 @@ PRETRAINED_DRAFT = Path(__file__).parent / "data" / "draft_smollm2_135m.safetens
 def load_pretrained(target, full_vocabulary: bool = False):
     """The book's trained draft model for SmolLM2-135M, built around ``target``'s embedding.
 
-    Returns a Hugging Face ``LlamaForCausalLM`` with one layer: pass it as the drafter of
-    ``ll.speculative_generate`` or as ``assistant_model`` to Hugging Face's ``generate``. Its
-    output layer scores only the tokens SmolLM2 uses most (a ``SubsetHead``), which makes a draft
+    Returns a Hugging Face ``LlamaForCausalLM`` with one layer: the drafter of
+    ``ll.speculative_generate`` once wrapped (``DraftModelDrafter(draft)``), or Hugging Face's
+    ``assistant_model`` as it is. Its output layer scores only the tokens SmolLM2 uses most (a ``SubsetHead``), which makes a draft
     step several times cheaper; ``full_vocabulary=True`` gives it the whole output layer instead.
     """
     config = getattr(target, "config", None)

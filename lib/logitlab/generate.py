@@ -26,8 +26,9 @@ from __future__ import annotations
 import torch
 
 from ._validate import check_generator
-from .decoding import (GenerationResult, check_counts, check_model, decode_texts, eos_ids, forward, model_device,
-                       now, prompt_batch, token_logprobs)
+from .decoding import (GenerationResult, check_counts, check_model, decode_texts, eos_ids, forward, prompt_batch,
+                       token_logprobs)
+from .devices import model_device, now
 from .sampling import SamplingConfig, next_token
 
 
@@ -100,15 +101,15 @@ def _decode(model, state, cache, logits, config, generator, eos, min_new_tokens,
     eos_tensor = torch.tensor(eos, dtype=torch.long, device=device)
     for index in range(max_new_tokens):
         start = now(device)
+        allowed = logits
         if index < min_new_tokens and eos:
-            logits = logits.index_fill(-1, eos_tensor, float("-inf"))  # EOS impossible for now
-        tokens = state.choose(logits, config, generator)
-        finished = state.finish(tokens, eos_tensor, stops, tokenizer, last=index == max_new_tokens - 1)
-        if finished is None:  # every row is done
+            allowed = logits.index_fill(-1, eos_tensor, float("-inf"))  # EOS impossible for now
+        tokens = state.choose(logits, allowed, config, generator)
+        all_done, keep = state.finish(tokens, eos_tensor, stops, tokenizer, last=index == max_new_tokens - 1)
+        if all_done:
             state.step_seconds.append(now(device) - start)
             return
-        if finished.any():  # drop finished rows from the batch and the cache
-            keep = (~finished).nonzero().squeeze(-1)
+        if keep is not None:  # drop finished rows from the batch and the cache
             cache.batch_select_indices(keep)
             state.keep(keep)
             tokens = tokens[keep]
@@ -141,46 +142,60 @@ class _Rows:
         rows, self.max_new_tokens = ids.shape[0], max_new_tokens
         self.context = ids.masked_fill(mask == 0, -1)  # padding is -1, which the penalties ignore
         self.mask = mask
-        self.output = ids.new_full((rows, 0), -1)  # grows by one column per step
-        self.sampled_lp = torch.zeros(rows, 0, device=ids.device)
-        self.raw_lp = torch.zeros(rows, 0, device=ids.device)
+        # Tokens and log-probabilities, one column per step, in buffers that double when full
+        # (not one of max_new_tokens columns: that may be far more than is ever generated).
+        self.steps = 0
+        self.output = ids.new_full((rows, min(max_new_tokens, 64)), -1)
+        self.sampled_lp = torch.zeros(self.output.shape, device=ids.device)
+        self.raw_lp = torch.zeros(self.output.shape, device=ids.device)
         self.lengths, self.reasons, self.texts = [max_new_tokens] * rows, ["length"] * rows, [None] * rows
         self.active = torch.arange(rows, device=ids.device)
         self.model_calls, self.step_seconds = 1, []
 
-    def choose(self, logits, config, generator):
-        """Choose each active row's next token and record it with its log-probabilities."""
-        so_far = self.output[self.active]
-        tokens, processed = next_token(logits, config, torch.cat([self.context[self.active], so_far], dim=1),
-                                       so_far, generator)
-        # One more column for every row (finished rows keep -1 and 0 there; they are cut off).
-        self.output = torch.cat([self.output, self.output.new_full((len(self.output), 1), -1)], dim=1)
-        self.raw_lp = torch.cat([self.raw_lp, self.raw_lp.new_zeros(len(self.raw_lp), 1)], dim=1)
-        self.sampled_lp = torch.cat([self.sampled_lp, self.sampled_lp.new_zeros(len(self.sampled_lp), 1)], dim=1)
-        self.output[self.active, -1] = tokens
-        self.raw_lp[self.active, -1] = token_logprobs(logits, tokens)
+    def choose(self, logits, allowed, config, generator):
+        """Choose each active row's next token from ``allowed`` (the logits with the tokens that
+        are not allowed yet at -inf) and record it with its log-probabilities: under the sampled
+        distribution, and under the model's own (``logits``)."""
+        if self.steps == self.output.shape[1]:
+            self._grow()
+        so_far = self.output[self.active, : self.steps]
+        # The penalties' histories are built only when a penalty will read them.
+        context = torch.cat([self.context[self.active], so_far], dim=1) if config.repetition_penalty else None
+        output = so_far if config.presence_penalty or config.frequency_penalty else None
+        tokens, processed = next_token(allowed, config, context, output, generator)
+        self.output[self.active, self.steps] = tokens
+        self.raw_lp[self.active, self.steps] = token_logprobs(logits, tokens)
         if config.temperature > 0:  # greedy picks its token with probability 1: log-prob 0
-            self.sampled_lp[self.active, -1] = token_logprobs(processed, tokens)
+            self.sampled_lp[self.active, self.steps] = token_logprobs(processed, tokens)
+        self.steps += 1
         return tokens
 
+    def _grow(self):
+        more = min(self.output.shape[1], self.max_new_tokens - self.output.shape[1])
+        self.output = torch.cat([self.output, torch.full_like(self.output[:, :more], -1)], dim=1)
+        self.raw_lp = torch.cat([self.raw_lp, torch.zeros_like(self.raw_lp[:, :more])], dim=1)
+        self.sampled_lp = torch.cat([self.sampled_lp, torch.zeros_like(self.sampled_lp[:, :more])], dim=1)
+
     def finish(self, tokens, eos_tensor, stops, tokenizer, last: bool):
-        """Which active rows end with this token (EOS or a stop string); None when all have ended."""
+        """Which active rows end with this token (EOS or a stop string). Returns ``(all_done,
+        keep)``: ``keep`` holds the positions of the rows that go on, None when every row does."""
         finished = torch.isin(tokens, eos_tensor)
-        step = self.output.shape[1]
+        step = self.steps
         if stops:
             for i, row in enumerate(self.active.tolist()):
                 # Decode all the new tokens, not just the last one: a stop string can span
                 # several tokens, or begin in the middle of one.
-                text = tokenizer.decode(self.output[row].tolist(), skip_special_tokens=True)
+                text = tokenizer.decode(self.output[row, :step].tolist(), skip_special_tokens=True)
                 cut = find_stop(text, stops)
                 if cut >= 0 and not finished[i]:
                     self.lengths[row], self.reasons[row], self.texts[row] = step, "stop", text[:cut]
                     finished[i] = True
         if not last and not bool(finished.any()):  # the one host sync of a common step
-            return finished
+            return False, None
         for row in self.active[finished & torch.isin(tokens, eos_tensor)].tolist():
             self.lengths[row], self.reasons[row] = step, "eos"
-        return None if last or bool(finished.all()) else finished
+        keep = (~finished).nonzero().squeeze(-1)
+        return last or len(keep) == 0, keep
 
     def keep(self, keep):
         self.active, self.mask = self.active[keep], self.mask[keep]

@@ -38,11 +38,11 @@ from pathlib import Path
 import torch
 
 from ._validate import check_generator
-from .decoding import (check_body_and_head, check_counts, crop_cache, draw, eos_ids, forward,
-                       masked_forward, model_device, now, one_prompt)
+from .decoding import (check_body_and_head, check_counts, crop_cache, draw, eos_ids, forward, masked_forward,
+                       one_prompt, target_probs)
+from .devices import model_device, now
 from .drafter import Drafter
-from .probs import softmax
-from .sampling import SamplingConfig, process_logits
+from .sampling import SamplingConfig
 from .speculative import Outputs, RejectionSampling, SpeculativeResult
 from .tree import tree_attention_mask, tree_position_ids
 
@@ -80,7 +80,7 @@ class LookaheadEmbeddings(torch.nn.Module, Drafter):
         n = self.k if n is None else n
         return self.vectors[:n].to(self.model.model.embed_tokens.weight.dtype)
 
-    # --- The drafter protocol of ll.speculative_generate (see logitlab.drafters) ---------------
+    # --- The drafter protocol of ll.speculative_generate (see logitlab.drafter) ---------------
 
     def start(self, input_ids, attention_mask, target=None, cache=None) -> None:
         """After the loop's prefill: keep a copy of the target's cache (no second prefill)."""
@@ -281,7 +281,7 @@ class _SingleCall:
                        logits_to_keep=1 + slots)
         self.cache, logits = step.cache, step.logits[0]  # [1 + slots, V]
         self.pending = self.rule.first_token(logits[:1], self.config, self.generator)[0]
-        out.add([0], self.pending.reshape(1, 1), logits[None, :1], self._probs(logits[None, :1]), [1])
+        out.add([0], self.pending.reshape(1, 1), logits[None, :1], target_probs(logits[None, :1], self.config), [1])
         self._new_drafts(logits[1:])
         crop_cache(self.cache, ids.shape[1])
 
@@ -296,7 +296,7 @@ class _SingleCall:
         self.cache, hidden = single_call_forward(self.target, self.lookahead, self.cache, self.pending, drafts, groups)
         # Verify with the loop's rule; only the chain and the kept prefix's slots need logits.
         chain = self.target.lm_head(hidden[: m + 1]).float()
-        p = self._probs(chain)
+        p = target_probs(chain, self.config)
         if m == 0:
             num, nxt = 0, self.rule.first_token(chain[:1], self.config, self.generator)[0]
         else:
@@ -322,12 +322,8 @@ class _SingleCall:
         self.drafts, self.q = draw(logits, self.config, self.generator)
         # The drafter's own probability of each draft (at T = 0 under its T = 1 distribution): a
         # guess of how likely each is to be kept, used only to place the slots.
-        probs = softmax(process_logits(logits, self.config) if self.config.temperature > 0 else logits)
+        probs = self.q if self.config.temperature > 0 else torch.softmax(logits, dim=-1)
         self.conf = probs.gather(-1, self.drafts[:, None]).squeeze(-1).tolist()
-
-    def _probs(self, logits):
-        return None if self.config.temperature == 0 else softmax(process_logits(logits, self.config))
-
 
 def _likely_stop(conf: list[float]) -> int:
     """The prefix length j most likely to be kept if draft i passes with probability ``conf[i]``,

@@ -32,10 +32,10 @@ import torch
 
 from ._validate import check_generator
 from .decoding import (check_body_and_head, check_counts, eos_ids, forward, keep_cache_positions, masked_forward,
-                       model_device, now, one_prompt)
+                       one_prompt, target_probs)
+from .devices import model_device, now
 from .drafters import SubsetHead
-from .probs import softmax
-from .sampling import SamplingConfig, process_logits
+from .sampling import SamplingConfig
 from .speculative import GreedyMatching, Outputs, SpeculativeResult
 from .tree import ancestors, depths, tree_attention_mask, tree_position_ids
 from .typical_acceptance import TypicalAcceptance, typical_threshold
@@ -168,7 +168,7 @@ def medusa_generate(target, heads: MedusaHeads, input_ids, *, branching=(3, 2, 1
     step = forward(target, input_ids=ids, logits_to_keep=1, hidden=True)
     cache, h = step.cache, step.hidden[0, -1]
     pending = rule.first_token(step.logits[:, -1], config, generator)
-    out.add([0], pending[:, None], step.logits[:, -1:], _probs(step.logits[:, -1:], config), [1])
+    out.add([0], pending[:, None], step.logits[:, -1:], target_probs(step.logits[:, -1:], config), [1])
     stats = dict(model_calls=1, accepted=[], drafted=[], draft_seconds=0.0, verify_seconds=0.0, step_seconds=[],
                  prefill_seconds=now(device) - began)
 
@@ -186,7 +186,7 @@ def medusa_generate(target, heads: MedusaHeads, input_ids, *, branching=(3, 2, 1
         path_t = torch.tensor(path, device=device)
         keep_cache_positions(step.cache, torch.cat([torch.arange(length, device=device), length + path_t]))
         emitted = torch.cat([tokens[path_t[1:]], nxt])[None]
-        out.add([0], emitted, step.logits[path_t][None], _probs(step.logits[path_t][None], config),
+        out.add([0], emitted, step.logits[path_t][None], target_probs(step.logits[path_t][None], config),
                 [len(path)])
         t2 = now(device)
         stats["model_calls"] += 1
@@ -247,7 +247,7 @@ def _accept_path(logits, parents, tokens, config, rule, generator):
         if config.temperature == 0:
             passes = logits[pa].argmax(-1) == tokens[1:]
         else:
-            p = softmax(process_logits(logits[pa], config))
+            p = target_probs(logits[pa], config)
             bar = typical_threshold(p, rule.epsilon, rule.delta)
             passes = p.gather(-1, tokens[1:, None]).squeeze(-1).to(bar.dtype) > bar
         passes = passes.tolist()
@@ -256,8 +256,3 @@ def _accept_path(logits, parents, tokens, config, rule, generator):
     depth = depths(parents)
     best = max((i for i in range(n) if ok[i]), key=lambda i: (depth[i], -i))
     return ancestors(parents, best), rule.first_token(logits[best][None], config, generator)
-
-
-def _probs(logits, config):
-    """The target's processed probabilities (None at temperature 0), for the tokens' log-probs."""
-    return None if config.temperature == 0 else softmax(process_logits(logits, config))

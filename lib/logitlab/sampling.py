@@ -97,14 +97,21 @@ def gumbel_max(
     scaled = _scaled(logits, temperature, generator)
     if scaled is None:
         return greedy(logits)
-    u = torch.rand(scaled.shape, generator=generator, device=scaled.device, dtype=torch.float32)
+    return add_gumbel_noise(scaled, generator).argmax(dim=-1)
+
+
+def add_gumbel_noise(logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """``logits`` (at least float32) plus independent standard Gumbel noise ``-log(-log U)``,
+    measured from each row's maximum. The argmax of the result is a sample from
+    ``softmax(logits)``; its top k, a sample of k tokens without replacement (``gumbel_top_k``)."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=torch.float32)
     # rand draws from [0, 1): keep u away from 0 so that -log(u) stays finite.
     u = u.clamp_min(torch.finfo(torch.float32).tiny)
-    gumbel = -torch.log(-torch.log(u))
     # The noise is of order 1: added to a large logit it would be lost to rounding (1e8 + 1 is
     # 1e8 in float32) and ties would always go to the lowest id. Measured from the row's
     # maximum, the logits that matter are small.
-    return (scaled - scaled.amax(dim=-1, keepdim=True) + gumbel).argmax(dim=-1)
+    return logits - logits.amax(dim=-1, keepdim=True) - torch.log(-torch.log(u))
 
 
 # --- Sampling settings and the full next-token rule (chapters 2 and 3) -----------------------

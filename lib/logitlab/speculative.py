@@ -36,12 +36,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ._validate import check_generator, check_probs
-from .decoding import (GenerationResult, check_body_and_head, check_counts, check_model, choose, crop_cache,
-                       decode_texts, eos_ids, exact_dtype, forward, model_device, now, prompt_batch,
-                       token_logprobs, vocab_size)
+from .decoding import (GenerationResult, check_body_and_head, check_counts, check_model, choose, decode_texts, eos_ids,
+                       forward, prompt_batch, roll_back, target_probs, token_logprobs, vocab_size)
+from .devices import exact_dtype, model_device, now
 from .drafter import check_drafter
-from .probs import softmax
-from .sampling import SamplingConfig, inverse_transform, process_logits
+from .sampling import SamplingConfig, inverse_transform
 
 
 # --- Theory ------------------------------------------------------------------------------------
@@ -206,7 +205,7 @@ class SpeculativeResult(GenerationResult):
     target's passes, the prefill included; ``step_seconds`` holds each call) and the acceptance
     statistics. ``logprobs`` are under the target's processed distribution ``p``."""
 
-    drafter_steps: int = 0  # forward passes of the drafter's own model (0 for a drafter without one)
+    drafter_steps: int = 0  # the drafter's steps (Drafter.steps), its prompt counted as one
     accepted: list[list[int]] = field(default_factory=list)  # per call: drafts accepted, per active row
     drafted: list[int] = field(default_factory=list)  # per call: drafts proposed per row (g)
     draft_seconds: float = 0.0
@@ -337,13 +336,7 @@ class _Target:
     def rollback(self, num: torch.Tensor, g: int) -> None:
         """The cache holds the pending token and all g drafts: rejected drafts are masked out, like
         left padding (rows keep different numbers), and cropped where no row keeps them."""
-        if g > 0:
-            kept = torch.arange(1, g + 1, device=num.device)[None] <= num[:, None]
-            self.mask[:, -g:] = self.mask[:, -g:] * kept.long()
-            drop = g - int(num.max())
-            if drop > 0:
-                crop_cache(self.cache, self.cache.get_seq_length() - drop)
-                self.mask = self.mask[:, :-drop]
+        self.mask = roll_back(self.cache, self.mask, g, num)
         if self.hidden:  # the state where the next token was predicted: after the last kept draft
             self.drafter.observe(self.states[torch.arange(len(num), device=num.device), num])
 
@@ -419,7 +412,7 @@ def _first_token(side, acceptance, ids, mask, config, generator, out) -> torch.T
     ``ll.generate``. It is recorded in ``out`` and returned as every row's pending token."""
     logits = side.prefill(ids, mask)
     pending = acceptance.first_token(logits, config, generator)
-    p = None if config.temperature == 0 else softmax(process_logits(logits, config))[:, None]
+    p = target_probs(logits[:, None], config)
     out.add(list(range(len(ids))), pending[:, None], logits[:, None], p, [1] * len(ids))
     return pending
 
@@ -433,7 +426,7 @@ def _call(side, drafter, acceptance, pending, gamma, config, generator, out, act
     t1 = now(device)
     logits = side.score(pending, drafts)  # [B, g + 1, V]
     g = drafts.shape[1]
-    p = None if config.temperature == 0 else softmax(process_logits(logits, config))
+    p = target_probs(logits, config)
     if g == 0:  # nothing proposed: the call gives the target's own token
         num = torch.zeros(len(pending), dtype=torch.long, device=device)
         nxt = acceptance.first_token(logits[:, 0], config, generator)

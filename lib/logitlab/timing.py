@@ -1,7 +1,7 @@
 """Timing that is fair on a shared machine and on an accelerator.
 
 Chapters 5 to 8 and ``python -m logitlab.bench`` time code with these. Every clock read waits
-for the device first (``ll.decoding.now``: GPU work is asynchronous), each time is a median
+for the device first (``ll.devices.now``: GPU work is asynchronous), each time is a median
 over repetitions after a warm-up, and contenders that are compared run in turn (A, B, A, B, ...)
 so that a machine that slows down meanwhile slows them all alike.
 """
@@ -12,6 +12,7 @@ import statistics
 
 import torch
 
+from .decoding import crop_cache
 from .devices import model_device, now
 
 
@@ -49,41 +50,34 @@ def interleaved_median_times(fns, repeat: int = 7, warmup: int = 1) -> list[floa
 def forward_seconds(model, context_ids, tokens: int, repeat: int = 15) -> float:
     """Median time of one forward pass of ``model`` on ``tokens`` new tokens after a cached
     context (``context_ids``, a list of ids): a decode step for ``tokens = 1``, a speculative
-    verification of ``tokens - 1`` drafts otherwise. The cache is cropped back after each pass."""
-    with torch.inference_mode():
-        device = model_device(model)
-        cache = model(input_ids=torch.tensor([list(context_ids)], device=device), use_cache=True).past_key_values
-        new = torch.full((1, tokens), context_ids[-1], device=device)  # which tokens does not change the time
-        times = []
-        for _ in range(repeat + 1):
-            start = now()
-            cache = model(input_ids=new, past_key_values=cache, use_cache=True).past_key_values
-            times.append(now() - start)
-            cache.crop(-tokens)  # back to the context
-    return statistics.median(times[1:])  # the first pass warms up
-
+    verification of ``tokens - 1`` drafts otherwise."""
+    return statistics.median(_pass_times(model, context_ids, [tokens], repeat)[tokens])
 
 
 def pass_costs(model, context_ids, sizes, rounds: int = 7) -> dict:
     """The cost of one forward pass of ``model`` over ``n`` new tokens after a cached context,
     in decode steps, for each ``n`` in ``sizes``. The sizes (and the one-token decode step) are
     timed in turn, round after round, so that a machine that slows down or speeds up meanwhile
-    affects them all alike; each cost is a median over the rounds (the first round warms up)."""
-    order = [1] + [n for n in dict.fromkeys(sizes) if n != 1]
-    times = {n: [] for n in order}
-    with torch.inference_mode():
-        device = model_device(model)
-        cache = model(input_ids=torch.tensor([list(context_ids)], device=device), use_cache=True).past_key_values
-        for r in range(rounds + 1):
-            for n in order:
-                new = torch.full((1, n), context_ids[-1], device=device)
-                start = now()
-                cache = model(input_ids=new, past_key_values=cache, use_cache=True).past_key_values
-                if r:
-                    times[n].append(now() - start)
-                cache.crop(-n)  # back to the context
+    affects them all alike; each cost is a median over the rounds."""
+    times = _pass_times(model, context_ids, [1] + [n for n in dict.fromkeys(sizes) if n != 1], rounds)
     step = statistics.median(times[1])
     return {n: statistics.median(times[n]) / step for n in sizes}
 
 
-# Held out from the draft model's training prompts (see logitlab.training.data).
+@torch.inference_mode()
+def _pass_times(model, context_ids, sizes, rounds: int) -> dict:
+    """``rounds`` times of one pass over ``n`` new tokens after the cached ``context_ids``, for
+    each ``n`` in ``sizes`` in turn (after a first round that warms up). The cache is cropped
+    back to the context after each pass, so every pass sees the same context."""
+    device = model_device(model)
+    cache = model(input_ids=torch.tensor([list(context_ids)], device=device), use_cache=True).past_key_values
+    times = {n: [] for n in sizes}
+    for r in range(rounds + 1):
+        for n in sizes:
+            new = torch.full((1, n), context_ids[-1], device=device)  # which tokens does not change the time
+            start = now(device)
+            cache = model(input_ids=new, past_key_values=cache, use_cache=True).past_key_values
+            if r:
+                times[n].append(now(device) - start)
+            crop_cache(cache, len(context_ids))
+    return times

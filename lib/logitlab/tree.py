@@ -29,9 +29,10 @@ from dataclasses import dataclass
 import torch
 
 from ._validate import check_generator, check_logits
-from .decoding import check_model, masked_forward, model_device, one_prompt
+from .decoding import check_model, masked_forward, one_prompt
+from .devices import model_device
 from .probs import log_softmax
-from .sampling import SamplingConfig, process_logits, sample
+from .sampling import SamplingConfig, add_gumbel_noise, process_logits, sample
 
 
 @dataclass
@@ -197,9 +198,7 @@ def gumbel_top_k(logits: torch.Tensor, k: int, generator: torch.Generator | None
     if k > possible:
         raise ValueError(f"k={k} distinct tokens asked for, but a row has only {possible} tokens with a finite logit")
     check_generator(generator, logits.device)
-    u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=torch.float32)
-    u = u.clamp_min(torch.finfo(torch.float32).tiny)  # rand draws from [0, 1): keep -log(u) finite
-    return (logits.float() - torch.log(-torch.log(u))).topk(k, dim=-1).indices
+    return add_gumbel_noise(logits, generator).topk(k, dim=-1).indices
 
 
 @torch.inference_mode()

@@ -28,7 +28,8 @@ from __future__ import annotations
 import torch
 
 from ._validate import check_generator, check_probs
-from .decoding import exact_dtype, generator as seeded_generator, model_device
+from .devices import generator as seeded_generator
+from .devices import exact_dtype, model_device
 from .probs import softmax
 from .sampling import inverse_transform, process_logits
 from .speculative import AcceptanceRule, greedy_verify, speculative_generate

@@ -8,10 +8,10 @@ import torch
 
 from .. import models
 from ..beam import beam_search
-from ..decoding import generator as seeded_generator
+from ..devices import generator as seeded_generator
 from ..generate import generate
 from ..sampling import SamplingConfig, gumbel_max, next_token, process_logits, sample
-from ..timing import interleaved_median_times, median_time
+from ..timing import forward_seconds, interleaved_median_times, median_time
 from ..tree import sample_tree, score_paths, score_tree
 from .table import Table
 
@@ -36,15 +36,7 @@ def bench_sampling(table: Table, model, tokenizer, batch: int = 64) -> None:
     from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
     ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
-    out = model(ids, use_cache=True)
-    cache, step_ids = out.past_key_values, ids[:, -1:]
-
-    def decode_step():
-        # One new token on a cached prefix; crop the cache back so every repeat is the same.
-        model(step_ids, past_key_values=cache, use_cache=True)
-        cache.crop(-1)
-
-    step = median_time(decode_step)
+    step = forward_seconds(model, ids[0].tolist(), 1)
     table.add("one decode step of SmolLM2-135M (batch 1)", step)
 
     # Realistic logits: 64 different next-token distributions from a real generation.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..decoding import generator as seeded_generator
+from ..devices import generator as seeded_generator
 from ..drafters import DraftModelDrafter
 from ..generate import generate
 from ..speculative import pooled_alpha, speculative_generate
@@ -38,9 +38,10 @@ def bench_speculative(table: Table, model, tokenizer, new_tokens: int = 96, gamm
                                                   max_new_tokens=new_tokens, temperature=0, eos_token_id=[])
                              for ids in prompts]
 
-        # The same work as ours: no EOS (the model emits <|im_end|> and goes on), and an explicit
-        # attention mask: without one, Hugging Face takes every pad token (id 2, which is also
-        # <|im_end|>, inside every chat prompt) for padding and decodes another context.
+        # The same work as ours: no EOS (the model emits <|im_end|> and goes on; forbidding it
+        # changes the tokens from there), and an explicit attention mask: with no EOS id,
+        # Hugging Face would take the pad token (id 2, <|im_end|>, inside every chat prompt)
+        # for padding and decode another context.
         config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=[],
                                   prompt_lookup_num_tokens=gamma, pad_token_id=2)
 

@@ -20,4 +20,5 @@ def chat(tokenizer, question):
     return torch.tensor([list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)])
 
 
+# Held out from the drafters' training prompts (logitlab.training.data): the prompts they are measured on.
 DRAFT_PROMPTS = ["Write a short story about a lighthouse keeper.", "Explain how a refrigerator keeps food cold."]

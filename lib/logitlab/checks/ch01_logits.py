@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..probs import softmax
-from .common import CheckFailed, call, call_on_logits, show
+from .common import CheckFailed, call, call_unchanged, show
 
 
 def _softmax_cases():
@@ -39,7 +39,7 @@ def check_softmax(fn) -> None:
     cases = list(_softmax_cases())
     for number, (name, logits, temperature, hint) in enumerate(cases, start=1):
         label = f"Case {number} of {len(cases)} ({name})"
-        got = call_on_logits(fn, label, logits, temperature)
+        got = call_unchanged(fn, label, logits, temperature, what="the logits it was given")
         expected = softmax(logits, temperature)
         where = f"With logits {show(logits)} and temperature {temperature}"
         if not isinstance(got, torch.Tensor):

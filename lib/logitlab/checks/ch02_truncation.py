@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from .common import CheckFailed, call_on_logits, show
+from .common import CheckFailed, call_unchanged, show
 
 
 def _check_truncation(fn, reference, cases, name: str) -> None:
     """Shared by the truncation checks: same removed tokens (-inf) and same kept logits."""
     for number, (label, logits, arg, hint) in enumerate(cases, start=1):
         case = f"Case {number} of {len(cases)} ({label})"
-        got = call_on_logits(fn, case, logits, arg)
+        got = call_unchanged(fn, case, logits, arg, what="the logits it was given")
         expected = reference(logits, arg)
         where = f"With logits {show(logits)} and {name} = {arg}"
         if not isinstance(got, torch.Tensor) or got.shape != expected.shape:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import CheckFailed, call, show
+from .common import CheckFailed, call, call_unchanged, show
 
 
 def check_frequency_penalty(fn) -> None:
@@ -43,12 +43,9 @@ def check_frequency_penalty(fn) -> None:
     ]
     for number, (name, logits, prev_tokens, penalty, hint) in enumerate(cases, start=1):
         label = f"Case {number} of {len(cases)} ({name})"
-        original, original_prev = logits.clone(), prev_tokens.clone()
-        got = call(fn, label, logits, prev_tokens, penalty)
-        expected = frequency_penalty(original, original_prev, penalty)
-        where = f"With logits {show(original)}, prev_tokens {show(original_prev)} and penalty {penalty}"
-        if not torch.equal(logits, original) or not torch.equal(prev_tokens, original_prev):
-            raise CheckFailed(f"{label}: your function changed its inputs (work on a copy).")
+        got = call_unchanged(fn, label, logits, prev_tokens, penalty)
+        expected = frequency_penalty(logits, prev_tokens, penalty)
+        where = f"With logits {show(logits)}, prev_tokens {show(prev_tokens)} and penalty {penalty}"
         if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
             shown = f"shape {tuple(got.shape)}" if isinstance(got, torch.Tensor) else f"a {type(got).__name__}"
             raise CheckFailed(f"{label}: {where}, expected a tensor of shape {tuple(expected.shape)}, got {shown}.")

@@ -3,6 +3,8 @@ function and how they write tensors and lists into their messages."""
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 
@@ -29,12 +31,14 @@ def call(fn, case: str, *args):
         raise CheckFailed(f"{case}: your function raised {type(exc).__name__}: {exc}") from exc
 
 
-def call_on_logits(fn, case: str, logits: torch.Tensor, *args):
-    """``call(fn, case, logits, *args)``, failing if ``fn`` changed ``logits`` in place."""
-    original = logits.clone()
-    got = call(fn, case, logits, *args)
-    if not torch.equal(logits, original):
-        raise CheckFailed(f"{case}: your function changed the logits it was given (work on a copy).")
+def call_unchanged(fn, case: str, *args, what: str = "its inputs"):
+    """``call(fn, case, *args)``, failing if ``fn`` changed any of its tensor or list arguments
+    in place (``what`` names them in the message)."""
+    originals = [copy.deepcopy(a) for a in args]
+    got = call(fn, case, *args)
+    for a, original in zip(args, originals):
+        if not (torch.equal(a, original) if isinstance(a, torch.Tensor) else a == original):
+            raise CheckFailed(f"{case}: your function changed {what} (work on a copy).")
     return got
 
 

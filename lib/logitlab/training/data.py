@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from ..decoding import generator as seeded_generator
-from ..decoding import model_device
+from ..devices import generator as seeded_generator
+from ..devices import model_device
 
 # Varied short prompts: chat turns (the model is an instruction model, and chat is how the
 # book uses it) and plain text to continue. The drafter must not be tuned to one style.
