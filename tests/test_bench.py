@@ -10,7 +10,7 @@ from logitlab import bench, timing
 @pytest.mark.slow
 def test_bench_prints_a_table_and_writes_json(capsys, tmp_path):
     out_file = tmp_path / "bench.json"
-    bench.main(["--skip-load", "--skip-generate", "--skip-speculative", "--skip-typical", "--skip-pass", "--json", str(out_file)])
+    bench.main(["--skip-load", "--skip-verification", "--skip-generate", "--skip-speculative", "--skip-typical", "--skip-pass", "--json", str(out_file)])
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ") and " ms |" in line]
     assert len(rows) == 16  # 8 sampling rows, then 8 of batch sampling, tree scoring and beam search
@@ -89,6 +89,8 @@ def test_a_ratio_below_one_is_reported_as_slower():
     assert lines[3].endswith("| 1.25x faster than our AR loop |")
     table.add("c", 1.0, 0.97, "slower than ours, same algorithm")
     assert table.markdown().splitlines()[-1].endswith("| 0.97x (faster than ours, same algorithm) |")
+    table.add("d", 1.0, 0.997, "faster than our AR loop")
+    assert table.markdown().splitlines()[-1].endswith("| 1.00x (as fast as our AR loop) |")
 
 
 def test_pass_costs_are_in_decode_steps_and_cover_every_size():
@@ -99,3 +101,33 @@ def test_pass_costs_are_in_decode_steps_and_cover_every_size():
     assert list(costs) == [1, 4, 2]
     assert costs[1] == 1.0  # the decode step is the unit
     assert all(c > 0 for c in costs.values())
+
+
+@pytest.mark.slow
+def test_verification_rows_run_and_break_a_pass_down():
+    import logitlab as ll
+
+    model, tokenizer = ll.load("smollm2-135m", device="cpu")
+    stock = ll.load("smollm2-135m", device="cpu", fast=False)[0]
+    table = bench.Table()
+    parts = bench.bench_verification(table, model, stock, tokenizer, rounds=1)
+    assert len(table.rows) == 4 + 2 * (len(bench.verification.SIZES) - 1)
+    assert all(r["seconds"] > 0 for r in table.rows)
+    assert list(parts) == [1, 8] and "linear 49152x576" in parts[1] and "LlamaAttention" in parts[8]
+    markdown = timing.breakdown_table(parts)
+    assert markdown.splitlines()[2].startswith("| total |")
+
+
+def test_forward_breakdown_accounts_for_the_pass_on_the_toy_model():
+    import logitlab as ll
+
+    model = ll.toy_model(vocab_size=5)
+    parts = timing.forward_breakdown(model, [1, 2, 3], 2, rounds=3)
+    assert parts["total"] > 0
+    # Each part is a module's own time without its children, so together they fit in the pass.
+    assert sum(v for k, v in parts.items() if k != "total") <= parts["total"] * 1.01
+
+
+def test_read_bandwidth_is_bytes_per_second():
+    bandwidth = timing.read_bandwidth(megabytes=64, repeat=3)
+    assert 1e8 < bandwidth < 1e13

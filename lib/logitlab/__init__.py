@@ -8,8 +8,8 @@
 Each module follows a chapter of the book and says which one.
 """
 
-from . import (checks, decoding, devices, drafter, drafters, lookahead, medusa, metrics, penalties, processors, speculative, tree,
-               training, typical_acceptance, viz)
+from . import (checks, decoding, devices, drafter, drafters, fast_cpu, lookahead, medusa, metrics, penalties, processors,
+               speculative, tree, training, typical_acceptance, viz)
 from .decoding import GenerationResult
 from .devices import generator
 from .models import device, load, next_token_logits, toy_bigram, toy_model
@@ -28,6 +28,7 @@ __all__ = [
     "checks",
     "decoding",
     "drafter",
+    "fast_cpu",
     "generator",
     "metrics",
     "penalties",

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from . import fast_cpu
 from .decoding import draw, forward, roll_back
 from .drafter import Drafter
 
@@ -236,7 +237,8 @@ def load_draft(target, path: str, full_vocabulary: bool = False):
     """Rebuild the draft model from the target and a file written by ``save_draft``.
 
     If the file names an output vocabulary, the draft predicts only those tokens (a
-    ``SubsetHead``), unless ``full_vocabulary`` asks for the whole output layer.
+    ``SubsetHead``), unless ``full_vocabulary`` asks for the whole output layer. When the target
+    has ``ll.load``'s CPU fast path, the draft gets it too.
     """
     from safetensors import safe_open
     from safetensors.torch import load_file
@@ -252,6 +254,8 @@ def load_draft(target, path: str, full_vocabulary: bool = False):
         raise ValueError(f"path: {path} holds weights a draft of this target does not have: {missing.unexpected_keys}")
     if vocab is not None and not full_vocabulary:
         draft.lm_head = SubsetHead(target.model.embed_tokens.weight, vocab.long())
+    if getattr(target, "logitlab_fast_cpu", None):
+        fast_cpu.enable(draft)  # the draft runs on the kernels its target runs on (ll.load's fast path)
     return draft.eval()
 
 

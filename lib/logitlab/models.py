@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from . import fast_cpu
 from .toy import NGramLM, toy_bigram, toy_model  # noqa: F401  (re-exported: ll.models.toy_model)
 
 # Known short names: package that ships the GGUF file, and the file inside it.
@@ -72,15 +73,21 @@ def gguf_path(name: str = "smollm2-135m") -> Path:
     return path
 
 
-def load(name: str = "smollm2-135m", device: torch.device | str | None = None, dtype=torch.float32):
+def load(name: str = "smollm2-135m", device: torch.device | str | None = None, dtype=torch.float32,
+         fast: bool = True):
     """Return ``(model, tokenizer)`` for a known short name or a Hugging Face model name.
 
     The model is in eval mode on ``device`` (default: :func:`logitlab.device`). Known names:
-    ``"smollm2-135m"``. The load time is in ``model.logitlab_load_seconds`` and whether the
-    cache was used in ``model.logitlab_from_cache``.
+    ``"smollm2-135m"``. On a CPU, ``fast=True`` gives the model's few-row products the kernels
+    measured fastest on this machine (:mod:`logitlab.fast_cpu`; the same logits up to float
+    rounding); ``fast=False`` or ``LOGITLAB_FAST_CPU=0`` keeps the stock model. The load time
+    (with that measurement) is in ``model.logitlab_load_seconds`` and whether the cache was used
+    in ``model.logitlab_from_cache``.
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a model name string; known names: {sorted(KNOWN_MODELS)}")
+    if not isinstance(fast, bool):
+        raise ValueError(f"fast must be True or False, got {fast!r}")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     start = time.perf_counter()
@@ -99,6 +106,8 @@ def load(name: str = "smollm2-135m", device: torch.device | str | None = None, d
         with _quiet_progress():  # a one-second load needs no progress bar
             model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
     model = model.to(_pick_device(device)).eval()
+    if fast and fast_cpu.wanted(model.device):
+        fast_cpu.enable(model)
     model.logitlab_load_seconds = time.perf_counter() - start
     model.logitlab_from_cache = from_cache
     return model, tokenizer

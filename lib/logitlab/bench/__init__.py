@@ -5,8 +5,13 @@ run; ratios of times taken in the same run, on the same machine, are what the bo
 Each time is the median of several repetitions after a warm-up. The table is printed as
 Markdown and written as JSON (``--json``, default ``bench-out/bench.json``).
 
-Rows:
+Rows (every Hugging Face row runs on the model as Hugging Face gives it, without the CPU fast
+path of ``ll.load``):
 
+* the cost of a forward pass (chapters 5 and 6): the memory-bound decode step (the weights'
+  bytes over a read bandwidth measured in the same run), the decode step and the pass over
+  n = 2..16 new tokens (v(n), in decode steps) with and without the fast path, and where a pass
+  with it spends its time, part by part;
 * loading SmolLM2-135M: first load (dequantise the GGUF file) against the cached load
   (chapter 1);
 * drawing one token per row of ``[64, 49152]`` logits: ``ll.sample`` and ``ll.gumbel_max``
@@ -42,7 +47,8 @@ from .drafting import bench_draft_model, bench_pass, bench_speculative, bench_ty
 from .prompts import DRAFT_PROMPTS, GROUNDED, OPEN_ENDED
 from .run import main
 from .table import Table, cpu_name
+from .verification import bench_verification
 
 __all__ = ["DRAFT_PROMPTS", "GROUNDED", "OPEN_ENDED", "Table", "bench_draft_model", "bench_generate", "bench_load",
-           "bench_pass", "bench_parallel", "bench_sampling", "bench_speculative", "bench_typical", "cpu_name", "main",
-           "pass_calls"]
+           "bench_pass", "bench_parallel", "bench_sampling", "bench_speculative", "bench_typical", "bench_verification",
+           "cpu_name", "main", "pass_calls"]

@@ -76,9 +76,12 @@ def bench_sampling(table: Table, model, tokenizer, batch: int = 64) -> None:
 
 
 @torch.inference_mode()
-def bench_generate(table: Table, model, tokenizer, new_tokens: int = 128, repeat: int = 5) -> None:
+def bench_generate(table: Table, model, tokenizer, new_tokens: int = 128, repeat: int = 5, stock=None) -> None:
+    """``ll.generate`` on ``model`` against Hugging Face ``generate`` on ``stock`` (the model as
+    Hugging Face gives it; default ``model``), and decoding with against without the KV cache."""
     from transformers import GenerationConfig
 
+    stock = model if stock is None else stock
     ids = tokenizer("Write a short story about a lighthouse keeper.", return_tensors="pt").input_ids
     settings = {"greedy": dict(temperature=0), "sampled T=0.7 top-p 0.9": dict(temperature=0.7, top_p=0.9)}
     for label, kwargs in settings.items():
@@ -95,7 +98,7 @@ def bench_generate(table: Table, model, tokenizer, new_tokens: int = 128, repeat
 
         def theirs():
             torch.manual_seed(0)
-            results["theirs"] = model.generate(ids, generation_config=hf_config)[0, ids.shape[1]:]
+            results["theirs"] = stock.generate(ids, generation_config=hf_config)[0, ids.shape[1]:]
 
         hf_t, t = interleaved_median_times([theirs, ours], repeat=repeat)
         if len(results["ours"]) != new_tokens or len(results["theirs"]) != new_tokens:
@@ -123,9 +126,10 @@ def bench_generate(table: Table, model, tokenizer, new_tokens: int = 128, repeat
 
 
 @torch.inference_mode()
-def bench_parallel(table: Table, model, tokenizer) -> None:
+def bench_parallel(table: Table, model, tokenizer, stock=None) -> None:
     from transformers import GenerationConfig
 
+    stock = model if stock is None else stock
     ids = tokenizer("Write one sentence about the sea:", return_tensors="pt").input_ids
 
     def samples(n):
@@ -153,7 +157,7 @@ def bench_parallel(table: Table, model, tokenizer) -> None:
         results["ours"] = beam_search(model, ids, num_beams=4, max_new_tokens=32, eos_token_id=[]).best[0].tokens
 
     def theirs():
-        results["theirs"] = model.generate(ids, generation_config=config)[0, ids.shape[1]:]
+        results["theirs"] = stock.generate(ids, generation_config=config)[0, ids.shape[1]:]
 
     hf_t, t = interleaved_median_times([theirs, ours], repeat=3)
     if not torch.equal(results["ours"], results["theirs"]):

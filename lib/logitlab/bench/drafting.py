@@ -14,13 +14,15 @@ from .table import Table
 
 
 @torch.inference_mode()
-def bench_speculative(table: Table, model, tokenizer, new_tokens: int = 96, gamma: int = 5, repeat: int = 3) -> None:
+def bench_speculative(table: Table, model, tokenizer, new_tokens: int = 96, gamma: int = 5, repeat: int = 3,
+                      stock=None) -> None:
     from transformers import GenerationConfig
 
     from ..drafters import PromptLookupDrafter
 
     from ..speculative import speedup
 
+    stock = model if stock is None else stock
     vocab = model.config.vocab_size
     context = chat(tokenizer, GROUNDED[0])[0].tolist()
     step = forward_seconds(model, context, 1)
@@ -46,8 +48,8 @@ def bench_speculative(table: Table, model, tokenizer, new_tokens: int = 96, gamm
                                   prompt_lookup_num_tokens=gamma, pad_token_id=2)
 
         def theirs():
-            results["hf"] = [model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
-                             for ids in prompts]
+            results["hf"] = [stock.generate(ids, attention_mask=torch.ones_like(ids),
+                                                       generation_config=config) for ids in prompts]
 
         ar_t, pl_t, hf_t = interleaved_median_times([ours, lookup, theirs], repeat=repeat)
         for a, b, h in zip(results["ar"], results["pl"], results["hf"]):
@@ -68,12 +70,14 @@ def bench_speculative(table: Table, model, tokenizer, new_tokens: int = 96, gamm
 
 
 @torch.inference_mode()
-def bench_draft_model(table: Table, model, tokenizer, new_tokens: int = 128, gamma: int = 4, repeat: int = 3) -> None:
-    """The shipped draft model against our AR loop at T = 0 and 1, with the predicted speedup,
-    and against Hugging Face's assisted generation with the same draft at T = 0."""
+def bench_draft_model(table: Table, model, tokenizer, new_tokens: int = 128, gamma: int = 4, repeat: int = 3,
+                      stock=None) -> None:
+    """The shipped draft model against our AR loop at T = 0 and 1, with the predicted speedup, and
+    against Hugging Face's assisted generation at T = 0 (on ``stock``: the model, fast path off)."""
     from ..drafters import load_pretrained
     from ..speculative import speedup
 
+    stock = model if stock is None else stock
     draft = load_pretrained(model)
     prompts = [chat(tokenizer, q) for q in DRAFT_PROMPTS]
     context = prompts[0][0].tolist() + list(range(1000, 1060))
@@ -104,8 +108,9 @@ def bench_draft_model(table: Table, model, tokenizer, new_tokens: int = 128, gam
             config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=[], pad_token_id=2)
 
             def theirs():
-                results["hf"] = [model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
-                                                assistant_model=draft) for ids in prompts]
+                results["hf"] = [stock.generate(ids, attention_mask=torch.ones_like(ids),
+                                                           generation_config=config, assistant_model=draft)
+                                 for ids in prompts]
 
             contenders.append(theirs)
         times = interleaved_median_times(contenders, repeat=repeat)

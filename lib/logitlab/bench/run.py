@@ -12,12 +12,16 @@ from .. import models
 from .basics import bench_generate, bench_load, bench_parallel, bench_sampling
 from .drafting import bench_draft_model, bench_pass, bench_speculative, bench_typical
 from .table import Table, cpu_name
+from ..timing import breakdown_table
+from .verification import bench_verification
 
 
 def main(argv=None) -> Table:
     parser = argparse.ArgumentParser(prog="python -m logitlab.bench",
                                      description="The book's performance table, as ratios measured in one run.")
     parser.add_argument("--skip-load", action="store_true", help="skip the first-load row (about 30 s)")
+    parser.add_argument("--skip-verification", action="store_true",
+                        help="skip the decode-step and verification-pass rows (about 2 min)")
     parser.add_argument("--skip-generate", action="store_true", help="skip the decoding-loop rows (about 2 min)")
     parser.add_argument("--skip-parallel", action="store_true",
                         help="skip the batch, tree and beam-search rows (about 1 min)")
@@ -34,14 +38,21 @@ def main(argv=None) -> Table:
     if not args.skip_load:
         bench_load(table)
     model, tokenizer = models.load("smollm2-135m", device="cpu")
+    # Every Hugging Face row runs on the model as Hugging Face gives it: no fast path.
+    stock = models.load("smollm2-135m", device="cpu", fast=False)[0]
+    fast_path = {f"linear {out}x{in_}": per_rows for (out, in_), per_rows in model.logitlab_fast_cpu.items()}
+    print(f"CPU fast path (kernel per weight shape and number of rows): {fast_path}")
+    breakdown = None
+    if not args.skip_verification:
+        breakdown = bench_verification(table, model, stock, tokenizer)
     bench_sampling(table, model, tokenizer)
     if not args.skip_generate:
-        bench_generate(table, model, tokenizer)
+        bench_generate(table, model, tokenizer, stock=stock)
     if not args.skip_parallel:
-        bench_parallel(table, model, tokenizer)
+        bench_parallel(table, model, tokenizer, stock=stock)
     if not args.skip_speculative:
-        bench_speculative(table, model, tokenizer)
-        bench_draft_model(table, model, tokenizer)
+        bench_speculative(table, model, tokenizer, stock=stock)
+        bench_draft_model(table, model, tokenizer, stock=stock)
     if not args.skip_typical:
         bench_typical(table, model, tokenizer)
     if not args.skip_pass:
@@ -49,9 +60,13 @@ def main(argv=None) -> Table:
     machine = f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, device cpu"
     print(f"Machine: {machine}")
     print(table.markdown())
+    if breakdown:
+        print("\nWhere a pass with the fast path spends its time (module hooks; medians):\n")
+        print(breakdown_table(breakdown))
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"machine": machine, "rows": table.rows}, indent=2))
+    path.write_text(json.dumps({"machine": machine, "fast_cpu": fast_path, "rows": table.rows,
+                                "breakdown": breakdown}, indent=2))
     print(f"(written to {path})")
     return table
 

@@ -18,11 +18,14 @@ class Table:
         lines = ["| measurement | median time | ratio |", "|:---|---:|---:|"]
         for r in self.rows:
             against = r["against"]
-            # 0.8x "faster" is slower, and 0.8x "slower" is faster: say which.
+            # 0.8x "faster" is slower, 0.8x "slower" is faster, and 1.00x is neither: say which.
             for word, other in (("faster", "slower"), ("slower", "faster")):
-                if r["ratio"] is not None and r["ratio"] < 1 and against.startswith(f"{word} than "):
+                if r["ratio"] is None or not against.startswith(f"{word} than "):
+                    continue
+                if round(r["ratio"], 2) == 1:
+                    against = f"(as fast as {against[len(word) + 6:]})"
+                elif r["ratio"] < 1:
                     against = f"({other} than {against[len(word) + 6:]})"
-                    break
             ratio = f"{r['ratio']:.2f}x {against}".strip() if r["ratio"] is not None else ""
             lines.append(f"| {r['measurement']} | {r['seconds'] * 1000:.1f} ms | {ratio} |")
         return "\n".join(lines)

@@ -1,0 +1,149 @@
+"""A faster forward pass on a CPU: better kernels for few-row products (chapter 5's roofline).
+
+A decode step, and a verification pass over a handful of drafts, is almost nothing but
+products ``x @ Wᵀ`` of a few rows ``x`` ([n, k], n = 1..16) with a large weight ``W`` ([m, k]).
+They are memory-bound: the weights are read once whatever n, so a pass over 8 tokens should
+cost about what a pass over one costs. PyTorch's ``F.linear`` falls short of that on CPUs: it
+runs one row as a matrix-vector product on a single core (PyTorch issue 96643) and a few rows
+through a GEMM kernel made for many, both streaming the weights far below what the memory gives.
+Two other ways compute the same products:
+
+* ``"turned"``: ``(W @ xᵀ)ᵀ``, the rows as the small side of the GEMM (one row padded to two,
+  since a one-column product goes back to the single-core kernel);
+* ``"packed"``: oneDNN's linear on a copy of ``W`` laid out for it once at load (the kernel
+  ``torch.compile`` uses on CPUs); it costs a second copy of the weights in memory.
+
+Which one wins depends on the CPU, its BLAS and the number of rows, so :func:`enable` times
+every product of the model with each kernel, for 1, 2, 4, 8 and 16 rows, and keeps the
+fastest for each weight shape and row count (a few seconds, once per load). A pass over n
+rows uses the choice for the next count up; more than 16 rows (a prefill) use ``F.linear``.
+``ll.load`` calls it for models on the CPU; a model on a GPU or a Mac is left alone (their
+kernels do this already), and so is any forward that records gradients (training). Only the
+order of the additions inside each dot product changes, so the logits agree with the plain
+forward to float rounding (the tests check the same greedy tokens over long generations).
+Switch it off with ``ll.load(..., fast=False)``, the environment variable
+``LOGITLAB_FAST_CPU=0``, or :func:`disable`.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+import types
+
+import torch
+import torch.nn.functional as F
+
+ROWS = (1, 2, 4, 8, 16)  # the calibrated row counts
+KERNELS = ("linear", "turned", "packed")
+
+
+def wanted(device) -> bool:
+    """Whether ``ll.load`` enables the fast path: on a CPU, unless ``LOGITLAB_FAST_CPU=0``."""
+    return torch.device(device).type == "cpu" and os.environ.get("LOGITLAB_FAST_CPU", "1") != "0"
+
+
+@torch.inference_mode()
+def enable(model, rounds: int = 2) -> dict:
+    """Give every ``nn.Linear`` of ``model`` the kernel measured fastest for its weight's shape
+    and its number of rows.
+
+    Returns (and keeps in ``model.logitlab_fast_cpu``) ``{(out_features, in_features): {rows:
+    kernel}}`` for each count in :data:`ROWS`. A model that is not on the CPU is left as it is
+    (the result is empty).
+    """
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    if not linears or linears[0].weight.device.type != "cpu":
+        return {}
+    disable(model)
+    kernels = ["linear", "turned"] + (["packed"] if _pack(linears) else [])
+    choice = {}
+    for (shape, n), seconds in _product_times(linears, kernels, rounds).items():
+        choice.setdefault(shape, {})[n] = min(kernels, key=lambda k: seconds[k])
+    uses_packed = any("packed" in per_rows.values() for per_rows in choice.values())
+    for layer in linears:
+        layer.logitlab_kernels = choice[_shape(layer)]
+        layer.forward = types.MethodType(_forward, layer)
+        if not uses_packed:
+            vars(layer).pop("logitlab_packed", None)  # a second copy of the weights that nothing uses
+    model.logitlab_fast_cpu = choice
+    return choice
+
+
+def disable(model) -> None:
+    """Give every ``nn.Linear`` of ``model`` back its own forward (and drop packed copies)."""
+    for layer in model.modules():
+        for name in ("forward", "logitlab_kernels", "logitlab_packed"):
+            vars(layer).pop(name, None)
+    model.logitlab_fast_cpu = {}
+
+
+def turned(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` computed as ``(weight @ xᵀ)ᵀ`` (one row padded to two).
+
+    Both the rows and the result are made contiguous: a transposed operand sends the product
+    back to a slow kernel, and a transposed result would hand one to the next layer.
+    """
+    rows = x.reshape(-1, x.shape[-1])
+    n = rows.shape[0]
+    rows = torch.cat([rows, rows]) if n == 1 else rows.contiguous()
+    out = torch.mm(weight, rows.T).T[:n].contiguous()
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _forward(self, x: torch.Tensor) -> torch.Tensor:
+    if torch.is_grad_enabled():
+        return F.linear(x, self.weight, self.bias)
+    n = x.numel() // x.shape[-1]
+    kernel = self.logitlab_kernels.get(next((r for r in ROWS if r >= n), None), "linear")
+    return _product(kernel, self, x)
+
+
+def _product(kernel: str, layer, x: torch.Tensor) -> torch.Tensor:
+    if kernel == "turned":
+        return turned(x, layer.weight, layer.bias)
+    if kernel == "packed":
+        return torch.ops.mkldnn._linear_pointwise(x, layer.logitlab_packed, layer.bias, "none", [None], "")
+    return F.linear(x, layer.weight, layer.bias)
+
+
+def _product_times(linears, kernels, rounds: int) -> dict:
+    """``{(shape, rows): {kernel: seconds}}``: the median time of the products with each weight
+    shape (all the layers that have it), timed while running every product of the model in order.
+
+    Running all of them, as a forward pass does, streams the weights from memory; timing one
+    layer again and again would find its weights in the cache and favour the wrong kernel.
+    """
+    times = {}
+    for n in ROWS:
+        inputs = {k: torch.randn(n, k, dtype=linears[0].weight.dtype) for k in {m.in_features for m in linears}}
+        for r in range(rounds + 1):
+            for kernel in kernels:  # in turn, so that a machine that slows down slows every kernel alike
+                spent = dict.fromkeys({_shape(m) for m in linears}, 0.0)
+                for layer in linears:
+                    start = time.perf_counter()
+                    _product(kernel, layer, inputs[layer.in_features])
+                    spent[_shape(layer)] += time.perf_counter() - start
+                if r:  # the first round warms up
+                    for shape, seconds in spent.items():
+                        times.setdefault((shape, n), {}).setdefault(kernel, []).append(seconds)
+    return {key: {kernel: statistics.median(ts) for kernel, ts in row.items()} for key, row in times.items()}
+
+
+def _shape(layer) -> tuple:
+    return (layer.out_features, layer.in_features)
+
+
+def _pack(linears) -> bool:
+    """Lay every weight out for oneDNN; False where this build of PyTorch cannot."""
+    try:
+        for layer in linears:
+            layer.logitlab_packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), ROWS[-1])
+    except (RuntimeError, AttributeError):
+        for layer in linears:
+            vars(layer).pop("logitlab_packed", None)
+        return False
+    return True

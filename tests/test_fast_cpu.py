@@ -1,0 +1,166 @@
+"""The CPU fast path (logitlab.fast_cpu): the same products to float rounding, the same greedy
+tokens as the stock model over long generations, chosen by measurement, and easy to switch off."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import logitlab as ll
+from logitlab import fast_cpu
+from logitlab.drafters import PromptLookupDrafter
+
+
+@pytest.fixture(scope="module")
+def fast():
+    return ll.load("smollm2-135m", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def stock():
+    return ll.load("smollm2-135m", device="cpu", fast=False)[0]
+
+
+def forward_mode(module):
+    return "forward" in vars(module)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 17])
+@pytest.mark.parametrize("bias", [False, True])
+def test_turned_is_f_linear_to_rounding(rows, bias):
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(300, 64, generator=gen)
+    b = torch.randn(300, generator=gen) if bias else None
+    x = torch.randn(2, rows, 64, generator=gen)[:, ::1]  # a batch dimension, as a model passes it
+    ours, plain = fast_cpu.turned(x, weight, b), F.linear(x, weight, b)
+    assert ours.shape == plain.shape == (2, rows, 300)
+    assert ours.is_contiguous()
+    torch.testing.assert_close(ours, plain, rtol=1e-5, atol=1e-4)
+    # A transposed input (what an elementwise op on a transposed result gives) works as well.
+    xt = torch.randn(64, rows, generator=gen).T
+    torch.testing.assert_close(fast_cpu.turned(xt, weight), F.linear(xt, weight), rtol=1e-5, atol=1e-4)
+
+
+def test_load_calibrates_every_row_count(fast):
+    model = fast[0]
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    shapes = {(m.out_features, m.in_features) for m in linears}
+    assert set(model.logitlab_fast_cpu) == shapes == {(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)}
+    for per_rows in model.logitlab_fast_cpu.values():
+        assert set(per_rows) == set(fast_cpu.ROWS) and set(per_rows.values()) <= set(fast_cpu.KERNELS)
+    assert all(forward_mode(m) for m in linears)
+    # Packed copies are kept only when some shape and row count uses them.
+    packed = any("packed" in per_rows.values() for per_rows in model.logitlab_fast_cpu.values())
+    assert all(hasattr(m, "logitlab_packed") == packed for m in linears)
+
+
+@torch.inference_mode()
+def test_passes_on_a_cached_prefix_match_the_stock_model(fast, stock):
+    model, tokenizer = fast
+    context = tokenizer("The printing press changed how books were made, because", return_tensors="pt").input_ids
+    for n in [1, 2, 3, 4, 5, 8, 9, 16]:
+        new = torch.arange(200, 200 + n)[None]
+        out = []
+        for m in (model, stock):
+            cache = m(context, use_cache=True).past_key_values
+            out.append(m(new, past_key_values=cache, use_cache=True).logits)
+        torch.testing.assert_close(out[0], out[1], rtol=0, atol=2e-3)
+        assert torch.equal(out[0].argmax(-1), out[1].argmax(-1)), n
+
+
+@pytest.mark.parametrize("prompt", ["Write a short story about a lighthouse keeper.", "List ten uses for a brick:"])
+def test_greedy_tokens_equal_the_stock_model_over_long_generations(fast, stock, prompt):
+    model, tokenizer = fast
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    ours = ll.generate(model, ids, max_new_tokens=192, temperature=0, eos_token_id=[]).new_tokens[0]
+    theirs = ll.generate(stock, ids, max_new_tokens=192, temperature=0, eos_token_id=[]).new_tokens[0]
+    assert torch.equal(ours, theirs)
+
+
+def test_verification_passes_give_the_stock_models_greedy_tokens(fast, stock):
+    # Prompt lookup verifies several drafts per pass: the few-row kernels, not the one-row one.
+    model, tokenizer = fast
+    text = "The quick brown fox jumps over the lazy dog. " * 3 + "Repeat the sentence above once more:"
+    ids = tokenizer(text, return_tensors="pt").input_ids
+    drafted = ll.speculative_generate(model, PromptLookupDrafter(model.config.vocab_size), ids, gamma=8,
+                                      max_new_tokens=96, temperature=0, eos_token_id=[])
+    plain = ll.generate(stock, ids, max_new_tokens=96, temperature=0, eos_token_id=[])
+    assert max(drafted.drafted) >= 4 and drafted.tokens_per_call > 2  # passes with several rows, mostly accepted
+    assert torch.equal(drafted.new_tokens[0], plain.new_tokens[0])
+
+
+def test_grad_mode_uses_the_stock_product(fast, stock):
+    # Training backpropagates through the target: the fast kernels are inference-only.
+    model = fast[0]
+    ids = torch.tensor([[5, 6, 7]])
+    embeds = model.get_input_embeddings()(ids).detach().requires_grad_()
+    ours = model(inputs_embeds=embeds).logits
+    ours[0, -1, 0].backward()
+    assert embeds.grad is not None and embeds.grad.abs().sum() > 0
+    with torch.no_grad():
+        assert torch.equal(stock(inputs_embeds=embeds).logits, ours.detach())
+
+
+def test_switching_off():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 4096), torch.nn.Linear(4096, 64))
+    x = torch.randn(1, 64)
+    with torch.no_grad():
+        before = model(x)
+        choice = fast_cpu.enable(model)
+        assert set(choice) == {(4096, 64), (64, 4096)} and all(set(c) == set(fast_cpu.ROWS) for c in choice.values())
+        assert all(forward_mode(m) for m in model)
+        fast_cpu.disable(model)
+        assert not any(forward_mode(m) or hasattr(m, "logitlab_packed") for m in model)
+        assert torch.equal(model(x), before)
+
+
+def test_the_measured_fastest_kernel_is_chosen(monkeypatch):
+    fastest = {(8, 8): {1: "turned", 2: "linear", 4: "packed", 8: "turned", 16: "packed"},
+               (4, 8): {1: "linear", 2: "turned", 4: "turned", 8: "packed", 16: "packed"}}
+    table = {(shape, n): {k: (0.5 if k == kernel else 1.0) for k in fast_cpu.KERNELS}
+             for shape, per_rows in fastest.items() for n, kernel in per_rows.items()}
+    monkeypatch.setattr(fast_cpu, "_product_times", lambda linears, kernels, rounds: table)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
+    assert fast_cpu.enable(model) == fastest
+    assert model[0].logitlab_kernels is model.logitlab_fast_cpu[8, 8]
+    assert model[1].logitlab_kernels is model.logitlab_fast_cpu[4, 8]
+    # A pass over n rows uses the choice for the next calibrated count up; more than 16, F.linear.
+    calls = []
+    monkeypatch.setattr(fast_cpu, "_product", lambda kernel, layer, x: calls.append(kernel) or x)
+    with torch.no_grad():
+        for n in (1, 3, 5, 16):
+            model[0](torch.zeros(n, 8))
+        model[0](torch.zeros(17, 8))
+    assert calls == ["turned", "packed", "turned", "packed", "linear"]
+
+
+def test_without_onednn_packing_the_other_kernels_remain(monkeypatch):
+    def refuse(*args):
+        raise RuntimeError("no oneDNN here")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 64))
+    choice = fast_cpu.enable(model)
+    assert {kernel for per_rows in choice.values() for kernel in per_rows.values()} <= {"linear", "turned"}
+    assert not any(hasattr(m, "logitlab_packed") for m in model)
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), F.linear(F.linear(x, model[0].weight, model[0].bias), model[1].weight,
+                                                      model[1].bias), rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_off_the_cpu_is_left_alone():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8, device="meta"))
+    assert fast_cpu.enable(model) == {}
+    assert not forward_mode(model[0])
+    assert not fast_cpu.wanted("cuda") and not fast_cpu.wanted("mps") and fast_cpu.wanted("cpu")
+
+
+def test_the_environment_and_the_argument_switch_it_off(monkeypatch):
+    monkeypatch.setenv("LOGITLAB_FAST_CPU", "0")
+    assert not fast_cpu.wanted("cpu")
+    with pytest.raises(ValueError, match="fast must be True or False"):
+        ll.load("smollm2-135m", device="cpu", fast="yes")
+
+
+def test_a_stock_load_is_not_patched(stock):
+    assert not any(forward_mode(m) for m in stock.modules() if isinstance(m, torch.nn.Linear))
