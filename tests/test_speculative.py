@@ -432,3 +432,16 @@ def test_acceptance_counts_by_position_on_a_hand_made_record():
     assert r.acceptance_by_position().tolist() == pytest.approx([2 / 3, 0.5, 1.0])
     kept, reached = r.acceptance_counts(positions=5)  # padded, so runs can be pooled
     assert kept.tolist() == [2, 1, 1, 0, 0] and reached.tolist() == [3, 2, 1, 0, 0]
+
+
+@pytest.mark.parametrize("match, expected", [("earliest", [3, 9, 1]), ("latest", [4, 5, 1])])
+def test_prompt_lookup_copies_the_earliest_or_the_latest_match(match, expected):
+    # The last two tokens (1, 2) occur at 0 and at 4: the earliest copy proposes what followed
+    # the first, the latest what followed the second; the tail itself is never a match.
+    drafter = PromptLookupDrafter(10, max_ngram=2, match=match)
+    drafter.start(torch.tensor([[1, 2, 3, 9, 1, 2, 4, 5, 1]]), torch.ones(1, 9, dtype=torch.long))
+    tokens, q = drafter.propose(torch.tensor([2]), 3, None)
+    assert tokens.tolist() == [expected]
+    assert torch.equal(q, torch.nn.functional.one_hot(tokens, 10).float())
+    with pytest.raises(ValueError, match="match must be 'earliest' or 'latest'"):
+        PromptLookupDrafter(10, match="first")

@@ -22,8 +22,8 @@ proposals are accepted and by what it costs.
   fed a few learned look-ahead embeddings after the context; it keeps its own copy of the
   target's cache, which it takes from the loop's prefill (``start``).
   ``ll.lookahead.load_pretrained(target, k)`` gives the book's embeddings for SmolLM2-135M.
-* ``PromptLookupDrafter``: no model at all. It finds the latest earlier occurrence of the
-  context's last n tokens and proposes what followed it, with ``q`` one-hot on each proposal:
+* ``PromptLookupDrafter``: no model at all. It finds an earlier occurrence (the earliest, by
+  default) of the context's last n tokens and proposes what followed it, with ``q`` one-hot on each proposal:
   very cheap, and good when the output copies from the input (summaries, edits, code).
 """
 
@@ -97,19 +97,24 @@ class DraftModelDrafter(Drafter):
 
 
 class PromptLookupDrafter(Drafter):
-    """Proposals copied from the context: what followed the latest earlier match of its last n tokens.
+    """Proposals copied from the context: what followed an earlier match of its last n tokens.
 
-    ``max_ngram`` down to ``min_ngram`` tokens are tried, longest first. Rows without a match
+    ``max_ngram`` down to ``min_ngram`` tokens are tried, longest first. ``match`` says which
+    earlier occurrence is copied when there are several: ``"earliest"`` (the default, as Hugging
+    Face's prompt lookup does; measured faster on prompts whose answer copies them, where the
+    first occurrence is usually in the prompt itself) or ``"latest"``. Rows without a match
     propose fewer tokens; all rows propose the same number (the longest proposal), the shorter
     ones padded with their last token (any proposal is allowed: a bad one is just rejected).
     """
 
-    def __init__(self, vocab_size: int, max_ngram: int = 3, min_ngram: int = 1):
+    def __init__(self, vocab_size: int, max_ngram: int = 3, min_ngram: int = 1, match: str = "earliest"):
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
             raise ValueError(f"vocab_size must be an integer >= 1, got {vocab_size!r}")
         if not (isinstance(min_ngram, int) and isinstance(max_ngram, int) and 1 <= min_ngram <= max_ngram):
             raise ValueError(f"need integers 1 <= min_ngram <= max_ngram, got {min_ngram!r}, {max_ngram!r}")
-        self.vocab_size, self.max_ngram, self.min_ngram = vocab_size, max_ngram, min_ngram
+        if match not in ("earliest", "latest"):
+            raise ValueError(f"match must be 'earliest' or 'latest', got {match!r}")
+        self.vocab_size, self.max_ngram, self.min_ngram, self.match = vocab_size, max_ngram, min_ngram, match
 
     def start(self, input_ids, attention_mask, target=None, cache=None) -> None:
         self.history = [row[m.bool()].tolist() for row, m in zip(input_ids, attention_mask)]
@@ -126,8 +131,8 @@ class PromptLookupDrafter(Drafter):
     def _lookup(self, row: list[int], gamma: int) -> list[int]:
         for n in range(min(self.max_ngram, len(row) - 1), self.min_ngram - 1, -1):
             tail = row[-n:]
-            # The latest earlier occurrence of the last n tokens, not the tail itself.
-            for start in range(len(row) - n - 1, -1, -1):
+            starts = range(len(row) - n)  # every earlier occurrence, not the tail itself
+            for start in (starts if self.match == "earliest" else reversed(starts)):
                 if row[start:start + n] == tail:
                     return row[start + n:start + n + gamma]
         return []
