@@ -131,3 +131,14 @@ def test_forward_breakdown_accounts_for_the_pass_on_the_toy_model():
 def test_read_bandwidth_is_bytes_per_second():
     bandwidth = timing.read_bandwidth(megabytes=64, repeat=3)
     assert 1e8 < bandwidth < 1e13
+
+
+def test_pass_times_in_turn_times_every_model_and_size_and_leaves_the_caches_at_the_context():
+    import logitlab as ll
+
+    models = {"a": ll.toy_model(vocab_size=5), "b": ll.toy_model(vocab_size=5, seed=1)}
+    times = timing.pass_times_in_turn(models, [1, 2, 3], [1, 3], rounds=4)
+    assert set(times) == {"a", "b"}
+    assert all(set(t) == {1, 3} and all(len(v) == 4 and min(v) > 0 for v in t.values()) for t in times.values())
+    single = timing.pass_times(models["a"], [1, 2, 3], [2], rounds=2)
+    assert set(single) == {2} and len(single[2]) == 2

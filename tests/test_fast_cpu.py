@@ -158,6 +158,8 @@ def test_a_model_off_the_cpu_is_left_alone():
 def test_the_environment_and_the_argument_switch_it_off(monkeypatch):
     monkeypatch.setenv("LOGITLAB_FAST_CPU", "0")
     assert not fast_cpu.wanted("cpu")
+    model = ll.load("smollm2-135m", device="cpu")[0]  # what ll.load does with it, not only wanted()
+    assert not any(forward_mode(m) for m in model.modules() if isinstance(m, torch.nn.Linear))
     with pytest.raises(ValueError, match="fast must be True or False"):
         ll.load("smollm2-135m", device="cpu", fast="yes")
 

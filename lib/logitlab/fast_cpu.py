@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 
 ROWS = (1, 2, 4, 8, 16)  # the calibrated row counts
+# A pass over n rows (1..16) uses the choice made for BUCKET[n], the next calibrated count up.
+BUCKET = [None] + [next(r for r in ROWS if r >= n) for n in range(1, ROWS[-1] + 1)]
 KERNELS = ("linear", "turned", "packed")
 
 
@@ -98,7 +100,7 @@ def _forward(self, x: torch.Tensor) -> torch.Tensor:
     if torch.is_grad_enabled():
         return F.linear(x, self.weight, self.bias)
     n = x.numel() // x.shape[-1]
-    kernel = self.logitlab_kernels.get(next((r for r in ROWS if r >= n), None), "linear")
+    kernel = "linear" if n > ROWS[-1] else self.logitlab_kernels[BUCKET[n]]  # a prefill: F.linear's GEMM
     return _product(kernel, self, x)
 
 

@@ -83,22 +83,36 @@ def pass_costs(model, context_ids, sizes, rounds: int = 7) -> dict:
     return {n: statistics.median(times[n]) / step for n in sizes}
 
 
-@torch.inference_mode()
 def pass_times(model, context_ids, sizes, rounds: int) -> dict:
     """``rounds`` times of one pass over ``n`` new tokens after the cached ``context_ids``, for
     each ``n`` in ``sizes`` in turn (after a first round that warms up). The cache is cropped
     back to the context after each pass, so every pass sees the same context."""
-    device = model_device(model)
-    cache = model(input_ids=torch.tensor([list(context_ids)], device=device), use_cache=True).past_key_values
-    times = {n: [] for n in sizes}
+    return pass_times_in_turn({"model": model}, context_ids, sizes, rounds)["model"]
+
+
+@torch.inference_mode()
+def pass_times_in_turn(models: dict, context_ids, sizes, rounds: int) -> dict:
+    """``{name: {n: times}}``: :func:`pass_times` for several models (``{name: model}``), one
+    round of each in turn, so that a machine whose speed drifts affects them all alike. Each
+    model's cache is filled once and cropped back after every pass."""
+    caches = {}
+    for name, model in models.items():
+        device = model_device(model)
+        caches[name] = model(input_ids=torch.tensor([list(context_ids)], device=device), use_cache=True).past_key_values
+    times = {name: {n: [] for n in sizes} for name in models}
     for r in range(rounds + 1):
-        for n in sizes:
-            new = torch.full((1, n), context_ids[-1], device=device)  # which tokens does not change the time
-            start = now(device)
-            cache = model(input_ids=new, past_key_values=cache, use_cache=True).past_key_values
-            if r:
-                times[n].append(now(device) - start)
-            crop_cache(cache, len(context_ids))
+        for name, model in models.items():
+            device = model_device(model)
+            # With several models, one untimed pass first: right after another model ran, the first
+            # pass is slower (measured: a decode step 35 ms instead of 30), biasing the first size.
+            warm = [(sizes[0], False)] if len(models) > 1 else []
+            for n, timed in warm + [(n, r > 0) for n in sizes]:
+                new = torch.full((1, n), context_ids[-1], device=device)  # which tokens does not change the time
+                start = now(device)
+                caches[name] = model(input_ids=new, past_key_values=caches[name], use_cache=True).past_key_values
+                if timed:
+                    times[name][n].append(now(device) - start)
+                crop_cache(caches[name], len(context_ids))
     return times
 
 

@@ -8,7 +8,7 @@ import statistics
 import torch
 
 from ..devices import model_device
-from ..timing import forward_breakdown, pass_times, read_bandwidth
+from ..timing import forward_breakdown, pass_times_in_turn, read_bandwidth
 from .prompts import chat
 from .table import Table
 
@@ -32,13 +32,10 @@ def bench_verification(table: Table, model, stock, tokenizer, rounds: int = 7) -
     limit = weight_bytes(model) / bandwidth
     table.add(f"memory-bound decode step: {weight_bytes(model) / 1e6:.0f} MB of weights at the read bandwidth "
               f"({bandwidth / 1e9:.0f} GB/s, sum/amax over 512 MB)", limit)
-    costs, steps = {}, {}
-    for _ in range(rounds):  # fast and stock in turn, one pass of each size per round
-        for name, m in (("fast", model), ("stock", stock)):
-            for n, ts in pass_times(m, context, SIZES, rounds=1).items():
-                costs.setdefault((name, n), []).extend(ts)
+    costs = pass_times_in_turn({"fast": model, "stock": stock}, context, SIZES, rounds)
+    steps = {}
     for name in ("stock", "fast"):
-        step = statistics.median(costs[name, 1])
+        step = statistics.median(costs[name][1])
         steps[name] = step
         what = "fast path" if name == "fast" else "stock model"
         table.add(f"decode step, {what}, {len(context)}-token cached prefix", step, step / limit,
@@ -47,7 +44,7 @@ def bench_verification(table: Table, model, stock, tokenizer, rounds: int = 7) -
               "faster than the stock model")
     for n in SIZES[1:]:
         for name in ("stock", "fast"):
-            t = statistics.median(costs[name, n])
+            t = statistics.median(costs[name][n])
             what = "fast path" if name == "fast" else "stock model"
             table.add(f"pass over {n} new tokens, {what} (v({n}) in its decode steps)", t, t / steps[name],
                       "decode steps")
