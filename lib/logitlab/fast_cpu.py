@@ -100,7 +100,8 @@ def _forward(self, x: torch.Tensor) -> torch.Tensor:
     if torch.is_grad_enabled():
         return F.linear(x, self.weight, self.bias)
     n = x.numel() // x.shape[-1]
-    kernel = "linear" if n > ROWS[-1] else self.logitlab_kernels[BUCKET[n]]  # a prefill: F.linear's GEMM
+    # No rows (an empty pass) or more than 16 (a prefill): F.linear.
+    kernel = self.logitlab_kernels.get(BUCKET[n], "linear") if n <= ROWS[-1] else "linear"
     return _product(kernel, self, x)
 
 
