@@ -31,10 +31,14 @@ def main(argv=None) -> Table:
                         help="skip the Medusa-heads and typical-acceptance rows (about 6 min)")
     parser.add_argument("--skip-pass", action="store_true",
                         help="skip the PaSS look-ahead rows (about 25 min)")
+    parser.add_argument("--quick", action="store_true",
+                        help="every table, with fewer settings and repeats: 2 timed repeats instead of 3-5, "
+                             "Medusa at T=0 and 1 only, PaSS k=1,2,4,8 (two-call) and k=1,2 (single-call)")
     parser.add_argument("--json", default="bench-out/bench.json", help="where to write the results as JSON")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     table = Table()
+    repeat = {"repeat": 2} if args.quick else {}
     if not args.skip_load:
         bench_load(table)
     model, tokenizer = models.load("smollm2-135m", device="cpu")
@@ -44,19 +48,19 @@ def main(argv=None) -> Table:
     print(f"CPU fast path (kernel per weight shape and number of rows): {fast_path}")
     breakdown = None
     if not args.skip_verification:
-        breakdown = bench_verification(table, model, stock, tokenizer)
+        breakdown = bench_verification(table, model, stock, tokenizer, **({"rounds": 4} if args.quick else {}))
     bench_sampling(table, model, tokenizer)
     if not args.skip_generate:
-        bench_generate(table, model, tokenizer, stock=stock)
+        bench_generate(table, model, tokenizer, stock=stock, **repeat)
     if not args.skip_parallel:
         bench_parallel(table, model, tokenizer, stock=stock)
     if not args.skip_speculative:
-        bench_speculative(table, model, tokenizer, stock=stock)
-        bench_draft_model(table, model, tokenizer, stock=stock)
+        bench_speculative(table, model, tokenizer, stock=stock, **repeat)
+        bench_draft_model(table, model, tokenizer, stock=stock, **repeat)
     if not args.skip_typical:
-        bench_typical(table, model, tokenizer)
+        bench_typical(table, model, tokenizer, **(dict(repeat, temperatures=(0.0, 1.0)) if args.quick else {}))
     if not args.skip_pass:
-        bench_pass(table, model, tokenizer)
+        bench_pass(table, model, tokenizer, **(dict(repeat, ks=(1, 2, 4, 8), single_ks=(1, 2)) if args.quick else {}))
     machine = f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, device cpu"
     print(f"Machine: {machine}")
     print(table.markdown())
