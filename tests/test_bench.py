@@ -142,3 +142,28 @@ def test_pass_times_in_turn_times_every_model_and_size_and_leaves_the_caches_at_
     assert all(set(t) == {1, 3} and all(len(v) == 4 and min(v) > 0 for v in t.values()) for t in times.values())
     single = timing.pass_times(models["a"], [1, 2, 3], [2], rounds=2)
     assert set(single) == {2} and len(single[2]) == 2
+
+
+def test_quick_runs_every_table_with_fewer_settings(monkeypatch, tmp_path):
+    # No model work: record what each part of the bench is asked to do.
+    from types import SimpleNamespace
+
+    from logitlab.bench import run
+
+    calls = {}
+    fake = SimpleNamespace(logitlab_fast_cpu={})
+    monkeypatch.setattr(run.models, "load", lambda *a, **k: (fake, None))
+    for name in ["bench_verification", "bench_sampling", "bench_generate", "bench_parallel", "bench_speculative",
+                 "bench_draft_model", "bench_typical", "bench_pass"]:
+        monkeypatch.setattr(run, name, lambda *a, name=name, **k: calls.setdefault(name, k) and None)
+    run.main(["--skip-load", "--quick", "--json", str(tmp_path / "quick.json")])
+    assert set(calls) == {"bench_verification", "bench_sampling", "bench_generate", "bench_parallel",
+                          "bench_speculative", "bench_draft_model", "bench_typical", "bench_pass"}
+    assert calls["bench_verification"] == {"rounds": 4}
+    for name in ["bench_generate", "bench_speculative", "bench_draft_model", "bench_typical", "bench_pass"]:
+        assert calls[name]["repeat"] == 2, name
+    assert calls["bench_typical"]["temperatures"] == (0.0, 1.0)
+    assert calls["bench_pass"]["ks"] == (1, 2, 4, 8) and calls["bench_pass"]["single_ks"] == (1, 2)
+    calls.clear()
+    run.main(["--skip-load", "--json", str(tmp_path / "full.json")])  # the full run: each part's defaults
+    assert calls["bench_typical"] == {} and calls["bench_pass"] == {} and calls["bench_verification"] == {}
