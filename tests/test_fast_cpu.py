@@ -166,3 +166,58 @@ def test_the_environment_and_the_argument_switch_it_off(monkeypatch):
 
 def test_a_stock_load_is_not_patched(stock):
     assert not any(forward_mode(m) for m in stock.modules() if isinstance(m, torch.nn.Linear))
+
+
+@pytest.mark.parametrize("n, mask", [(1, None), (5, None), (4, "bool"), (4, "float"), (16, "float")])
+def test_gqa_attention_is_hugging_faces_sdpa_attention(n, mask):
+    from types import SimpleNamespace
+
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    gen = torch.Generator().manual_seed(n)
+    length = n if mask is None else 30 + n  # no mask: a prefill (causal) or one token (sees all)
+    query = torch.randn(2, 9, n, 64, generator=gen)
+    key, value = torch.randn(2, 2, 3, length, 64, generator=gen)
+    allowed = None
+    if mask is not None:  # the new tokens see the cache and each other causally, minus a few cached ones
+        allowed = torch.ones(n, length, dtype=torch.bool).tril(length - n)
+        allowed[:, 3:7] = False
+        allowed = allowed[None, None].expand(2, 1, n, length)
+        if mask == "float":
+            allowed = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    module = SimpleNamespace(num_key_value_groups=3, is_causal=True, training=False)
+    with torch.no_grad():
+        ours, _ = fast_cpu.gqa_attention(module, query, key, value, allowed, scaling=0.125)
+        theirs, _ = sdpa_attention_forward(module, query, key, value, allowed, scaling=0.125)
+    assert ours.shape == theirs.shape == (2, n, 9, 64)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_the_fast_path_switches_attention_and_back(fast):
+    from transformers import AttentionInterface
+
+    model = fast[0]
+    assert model.config._attn_implementation == fast_cpu.ATTENTION
+    assert AttentionInterface()[fast_cpu.ATTENTION] is fast_cpu.gqa_attention
+    # With gradients on (training), Hugging Face's own function runs.
+    calls = []
+    import transformers.integrations.sdpa_attention as hf_sdpa
+
+    original = hf_sdpa.sdpa_attention_forward
+    try:
+        hf_sdpa.sdpa_attention_forward = lambda *a, **k: calls.append(1) or original(*a, **k)
+        q = torch.randn(1, 9, 2, 64, requires_grad=True)
+        fast_cpu.gqa_attention(model.model.layers[0].self_attn, q, torch.randn(1, 3, 2, 64), torch.randn(1, 3, 2, 64),
+                               None, scaling=0.125)[0].sum().backward()
+    finally:
+        hf_sdpa.sdpa_attention_forward = original
+    assert calls == [1] and q.grad is not None
+    eager = ll.load("smollm2-135m", device="cpu", fast=False)[0]
+    eager.config._attn_implementation = "eager"
+    fast_cpu.enable(eager, rounds=1)  # a model on another attention keeps it
+    assert eager.config._attn_implementation == "eager"
+    eager.config._attn_implementation = "sdpa"
+    fast_cpu.enable(eager, rounds=1)
+    assert eager.config._attn_implementation == fast_cpu.ATTENTION
+    fast_cpu.disable(eager)
+    assert eager.config._attn_implementation == "sdpa"

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import fast_cpu
 from .devices import model_device
 from .sampling import SamplingConfig, next_token, process_logits
 
@@ -250,7 +251,7 @@ def additive_mask(allowed: torch.Tensor, model) -> torch.Tensor:
     add 0 or 1 and mask nothing. The additive float form is right for both.
     """
     impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if impl not in (None, "sdpa", "eager"):
+    if impl not in (None, "sdpa", "eager", fast_cpu.ATTENTION):  # the fast path's attention is SDPA's
         raise ValueError(f"model: attention implementation {impl!r} does not take a custom 4D mask; "
                          "load the model with attn_implementation='sdpa' or 'eager'")
     dtype = getattr(model, "dtype", torch.float32)

@@ -21,6 +21,10 @@ rows uses the choice for the next count up; more than 16 rows (a prefill) use ``
 kernels do this already), and so is any forward that records gradients (training). Only the
 order of the additions inside each dot product changes, so the logits agree with the plain
 forward to float rounding (the tests check the same greedy tokens over long generations).
+Attention gets one change too (:func:`gqa_attention`): SmolLM2 has 9 query heads sharing 3
+key/value heads, and for a pass over several tokens Hugging Face's attention copies every
+key/value head three times before SDPA; SDPA can read them in place (``enable_gqa``).
+
 Switch it off with ``ll.load(..., fast=False)``, the environment variable
 ``LOGITLAB_FAST_CPU=0``, or :func:`disable`.
 """
@@ -39,6 +43,7 @@ ROWS = (1, 2, 4, 8, 16)  # the calibrated row counts
 # A pass over n rows (1..16) uses the choice made for BUCKET[n], the next calibrated count up.
 BUCKET = [None] + [next(r for r in ROWS if r >= n) for n in range(1, ROWS[-1] + 1)]
 KERNELS = ("linear", "turned", "packed")
+ATTENTION = "logitlab_gqa"  # the name :func:`gqa_attention` is registered under in transformers
 
 
 def wanted(device) -> bool:
@@ -69,6 +74,9 @@ def enable(model, rounds: int = 2) -> dict:
         layer.forward = types.MethodType(_forward, layer)
         if not uses_packed:
             vars(layer).pop("logitlab_packed", None)  # a second copy of the weights that nothing uses
+    if _attention(model) == "sdpa":
+        _register_attention()
+        model.config._attn_implementation = ATTENTION
     model.logitlab_fast_cpu = choice
     return choice
 
@@ -78,7 +86,47 @@ def disable(model) -> None:
     for layer in model.modules():
         for name in ("forward", "logitlab_kernels", "logitlab_packed"):
             vars(layer).pop(name, None)
+    if _attention(model) == ATTENTION:
+        model.config._attn_implementation = "sdpa"
     model.logitlab_fast_cpu = {}
+
+
+def gqa_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """Hugging Face's ``"sdpa"`` attention, without copying the key/value heads.
+
+    ``query`` is ``[B, heads, n, d]``, ``key`` and ``value`` ``[B, kv_heads, L, d]`` with fewer
+    heads (grouped-query attention). Hugging Face repeats each key/value head for its group of
+    query heads (``repeat_kv``, a copy of the whole cache in every layer) whenever a pass has
+    more than one token; ``enable_gqa`` lets SDPA read them in place. Same mask, same causal
+    rule, same result up to float rounding; a forward that records gradients (training) takes
+    Hugging Face's own function.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if torch.is_grad_enabled():
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    n = query.shape[2]
+    causal = (getattr(module, "is_causal", True) if is_causal is None else is_causal) and n > 1 and attention_mask is None
+    if causal and key.shape[2] > n:  # as Hugging Face does: a prefill into an empty static cache
+        key, value = key[:, :, :n], value[:, :, :n]
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
+                                         scale=scaling, is_causal=causal, enable_gqa=query.shape[1] != key.shape[1])
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _attention(model):
+    """The name of the attention function a transformers model uses (None for other modules)."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None)
+
+
+def _register_attention() -> None:
+    """Make :data:`ATTENTION` a name transformers knows, with the mask its ``"sdpa"`` uses."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTENTION, gqa_attention)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
 
 
 def turned(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
