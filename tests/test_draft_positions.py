@@ -76,7 +76,7 @@ def test_every_lookahead_slot_is_accepted_on_counting(smollm):
     rows = rows_from_tokens(model, counting(tokenizer, 32, seed=1, numbers=24))
     rows = [(tokens, 41, topv[40:], topi[40:]) for tokens, _, topv, topi in rows]
     # Two slots: slot 2 is the one the chat-trained embeddings almost never get accepted.
-    lookahead, losses = train_lookahead(model, 2, rows, steps=120, lr=0.05, batch=2, groups=16, progress=False)
+    lookahead, _ = train_lookahead(model, 2, rows, steps=120, lr=0.05, batch=2, groups=16, progress=False)
     # gamma = k + 1: the first draft is the target's own token at the real position.
     rates, reached = acceptance_by_position(model, tokenizer, lookahead, gamma=3)
     print("look-ahead slots trained on counting, accepted per position:", rates, "reached", reached)

@@ -168,14 +168,18 @@ def test_a_stock_load_is_not_patched(stock):
     assert not any(forward_mode(m) for m in stock.modules() if isinstance(m, torch.nn.Linear))
 
 
-@pytest.mark.parametrize("n, mask", [(1, None), (5, None), (4, "bool"), (4, "float"), (16, "float")])
+@pytest.mark.parametrize("n, mask", [(1, None), (5, None), (4, "bool"), (4, "float"), (16, "float"), (3, "static")])
 def test_gqa_attention_is_hugging_faces_sdpa_attention(n, mask):
     from types import SimpleNamespace
 
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     gen = torch.Generator().manual_seed(n)
-    length = n if mask is None else 30 + n  # no mask: a prefill (causal) or one token (sees all)
+    # No mask: a prefill (causal) or one token (sees all). "static": no mask but a longer cache, as
+    # in a prefill into an empty static cache, where only the first n keys are real.
+    length = n if mask is None else 30 + n
+    if mask == "static":
+        mask = None
     query = torch.randn(2, 9, n, 64, generator=gen)
     key, value = torch.randn(2, 2, 3, length, 64, generator=gen)
     allowed = None
@@ -193,7 +197,7 @@ def test_gqa_attention_is_hugging_faces_sdpa_attention(n, mask):
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
 
 
-def test_the_fast_path_switches_attention_and_back(fast):
+def test_the_fast_path_switches_attention_and_back(fast, stock):
     from transformers import AttentionInterface
 
     model = fast[0]
@@ -212,12 +216,16 @@ def test_the_fast_path_switches_attention_and_back(fast):
     finally:
         hf_sdpa.sdpa_attention_forward = original
     assert calls == [1] and q.grad is not None
-    eager = ll.load("smollm2-135m", device="cpu", fast=False)[0]
-    eager.config._attn_implementation = "eager"
-    fast_cpu.enable(eager, rounds=1)  # a model on another attention keeps it
-    assert eager.config._attn_implementation == "eager"
-    eager.config._attn_implementation = "sdpa"
-    fast_cpu.enable(eager, rounds=1)
-    assert eager.config._attn_implementation == fast_cpu.ATTENTION
-    fast_cpu.disable(eager)
-    assert eager.config._attn_implementation == "sdpa"
+    # The stock model, borrowed and given back: one on another attention keeps it.
+    try:
+        stock.config._attn_implementation = "eager"
+        fast_cpu.enable(stock, rounds=1)
+        assert stock.config._attn_implementation == "eager"
+        stock.config._attn_implementation = "sdpa"
+        fast_cpu.enable(stock, rounds=1)
+        assert stock.config._attn_implementation == fast_cpu.ATTENTION
+        fast_cpu.disable(stock)
+        assert stock.config._attn_implementation == "sdpa"
+    finally:
+        fast_cpu.disable(stock)
+        stock.config._attn_implementation = "sdpa"

@@ -101,15 +101,16 @@ def gqa_attention(module, query, key, value, attention_mask, dropout=0.0, scalin
     rule, same result up to float rounding; a forward that records gradients (training) takes
     Hugging Face's own function.
     """
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     if torch.is_grad_enabled():
+        # Imported here, not per call on the hot path below (30 calls per forward pass).
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     n = query.shape[2]
+    # SDPA's causal rule is aligned top-left: query i sees keys 0..i. Hugging Face passes no mask
+    # only where that is right (a prefill; with a longer static cache the later keys are unseen).
     causal = (getattr(module, "is_causal", True) if is_causal is None else is_causal) and n > 1 and attention_mask is None
-    if causal and key.shape[2] > n:  # as Hugging Face does: a prefill into an empty static cache
-        key, value = key[:, :, :n], value[:, :, :n]
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
                                          scale=scaling, is_causal=causal, enable_gqa=query.shape[1] != key.shape[1])
     return out.transpose(1, 2).contiguous(), None
