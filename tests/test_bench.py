@@ -1,14 +1,22 @@
 """The benchmark runs and prints its table (its numbers are reported, never asserted)."""
 
 import json
+import re
 
 import pytest
+import torch
 
 from logitlab import bench, timing
 
 
 @pytest.mark.slow
-def test_bench_prints_a_table_and_writes_json(capsys, tmp_path):
+def test_bench_prints_a_table_and_writes_json(capsys, tmp_path, monkeypatch):
+    from logitlab.bench import basics
+
+    # One timed run per contender and no warm-up: this checks the command, not the times.
+    monkeypatch.setattr(basics, "interleaved_median_times",
+                        lambda fns, repeat=1, warmup=0: timing.interleaved_median_times(fns, repeat=1, warmup=0))
+    monkeypatch.setattr(basics, "median_time", lambda fn, repeat=1, warmup=0: timing.median_time(fn, 1, 0))
     out_file = tmp_path / "bench.json"
     bench.main(["--skip-load", "--skip-verification", "--skip-generate", "--skip-speculative", "--skip-typical", "--skip-pass", "--json", str(out_file)])
     out = capsys.readouterr().out
@@ -34,9 +42,44 @@ def test_draft_model_rows_run_on_a_small_setting():
 
     model, tokenizer = ll.load("smollm2-135m", device="cpu")
     table = bench.Table()
-    bench.bench_draft_model(table, model, tokenizer, new_tokens=8, gamma=2, repeat=1)
+    bench.bench_draft_model(table, model, tokenizer, new_tokens=8, gammas=(1, 2), repeat=1)
     assert len(table.rows) == 5 and all(r["seconds"] > 0 for r in table.rows)
-    assert "predicted" in table.rows[1]["measurement"] and table.rows[1]["ratio"] > 0
+    for row in (table.rows[1], table.rows[4]):  # the speculative row at T = 0 and at T = 1
+        # The gamma it ran is the one with the highest forecast of the two it printed.
+        label = row["measurement"]
+        forecasts = {int(g): float(x) for g, x in re.findall(r"(\d): (\d+\.\d+)x", label)}
+        assert set(forecasts) == {1, 2} and f"gamma={max(forecasts, key=forecasts.get)}," in label
+        assert f"predicted {max(forecasts.values()):.2f}x" in label and row["ratio"] > 0
+
+
+def test_pass_log_records_every_pass_of_a_speculative_run():
+    import logitlab as ll
+
+    target, draft = ll.toy_model(vocab_size=6, seed=0), ll.toy_model(vocab_size=6, seed=1)
+    with timing.PassLog(target) as log:
+        result = ll.speculative_generate(target, ll.drafters.DraftModelDrafter(draft), [[1, 2]], gamma=3,
+                                         max_new_tokens=10, temperature=0, eos_token_id=[])
+    # The prefill over the prompt, then one pass per call over the pending token and its drafts;
+    # the draft model's own passes are not the target's.
+    assert log.sizes == [2] + [g + 1 for g in result.drafted]
+    with timing.PassLog(target) as log:
+        ll.generate(target, [[1, 2]], max_new_tokens=4, temperature=0, eos_token_id=[])
+    assert log.sizes == [2, 1, 1, 1]
+    target(torch.tensor([[1]]))
+    assert log.sizes == [2, 1, 1, 1]  # closed: no longer recording
+
+
+def test_cost_model_prices_passes_at_the_measured_v_and_adds_the_drafter_time(monkeypatch):
+    from logitlab.bench import costmodel
+
+    # Two runs of 12 tokens: one with four passes over 3 tokens and 0.5 s of drafting, one with
+    # twelve single-token passes. A decode step takes 0.25 s and a pass over 3 tokens 0.3 s.
+    calibration = {"spec": (12, [3, 3, 3, 3], 0.5), "plain": (12, [1] * 12, 0.0)}
+    monkeypatch.setattr(costmodel, "pass_times", lambda model, context, sizes, rounds: (
+        {1: [0.2, 0.25, 0.3], 3: [0.3, 0.3, 0.3]} if list(sizes) == [1, 3] else pytest.fail(f"sizes {sizes}")))
+    predicted = costmodel.predicted_speedups(None, calibration, [1, 2, 3])
+    assert predicted["spec"] == pytest.approx(12 / (4 * 1.2 + 0.5 / 0.25))
+    assert predicted["plain"] == pytest.approx(1.0)
 
 
 def test_forward_seconds_times_decode_and_verification_passes_on_the_toy_model():
@@ -153,11 +196,12 @@ def test_quick_runs_every_table_with_fewer_settings(monkeypatch, tmp_path):
     calls = {}
     fake = SimpleNamespace(logitlab_fast_cpu={})
     monkeypatch.setattr(run.models, "load", lambda *a, **k: (fake, None))
-    for name in ["bench_verification", "bench_sampling", "bench_generate", "bench_parallel", "bench_speculative",
-                 "bench_draft_model", "bench_typical", "bench_pass"]:
+    monkeypatch.setattr(run, "verification_context", lambda tokenizer: [1, 2, 3])
+    for name in ["bench_verification", "bench_llama_cpp", "bench_sampling", "bench_generate", "bench_parallel",
+                 "bench_speculative", "bench_draft_model", "bench_typical", "bench_pass"]:
         monkeypatch.setattr(run, name, lambda *a, name=name, **k: calls.setdefault(name, k) and None)
     run.main(["--skip-load", "--quick", "--json", str(tmp_path / "quick.json")])
-    assert set(calls) == {"bench_verification", "bench_sampling", "bench_generate", "bench_parallel",
+    assert set(calls) == {"bench_verification", "bench_llama_cpp", "bench_sampling", "bench_generate", "bench_parallel",
                           "bench_speculative", "bench_draft_model", "bench_typical", "bench_pass"}
     assert calls["bench_verification"] == {"rounds": 4}
     for name in ["bench_generate", "bench_speculative", "bench_draft_model", "bench_typical", "bench_pass"]:
@@ -167,3 +211,14 @@ def test_quick_runs_every_table_with_fewer_settings(monkeypatch, tmp_path):
     calls.clear()
     run.main(["--skip-load", "--json", str(tmp_path / "full.json")])  # the full run: each part's defaults
     assert calls["bench_typical"] == {} and calls["bench_pass"] == {} and calls["bench_verification"] == {}
+
+
+def test_llama_cpp_rows_are_skipped_with_a_message_without_llama_cpp_python(monkeypatch, capsys):
+    import sys
+
+    from logitlab.bench import llamacpp
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # as if not installed: importing it fails
+    table = bench.Table()
+    llamacpp.bench_llama_cpp(table, None, [1, 2, 3])
+    assert table.rows == [] and "pip install llama-cpp-python" in capsys.readouterr().out

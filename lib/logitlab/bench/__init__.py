@@ -11,7 +11,8 @@ path of ``ll.load``):
 * the cost of a forward pass (chapters 5 and 6): the memory-bound decode step (the weights'
   bytes over a read bandwidth measured in the same run), the decode step and the pass over
   n = 2..16 new tokens (v(n), in decode steps) with and without the fast path, and where a pass
-  with it spends its time, part by part;
+  with it spends its time, part by part; the same for llama.cpp on the same weights in float32,
+  where ``llama-cpp-python`` is installed (skipped with a message otherwise);
 * loading SmolLM2-135M: first load (dequantise the GGUF file) against the cached load
   (chapter 1);
 * drawing one token per row of ``[64, 49152]`` logits: ``ll.sample`` and ``ll.gumbel_max``
@@ -24,9 +25,9 @@ path of ``ll.load``):
 * speculative decoding (chapter 6): prompt lookup at temperature 0 on input-grounded prompts
   (the answer copies the prompt) and on open-ended ones, against our autoregressive loop and
   against Hugging Face's prompt-lookup decoding, with the same tokens; the shipped draft model
-  at temperature 0 and 1 against our autoregressive loop, with its acceptance rate, cost ratio
-  and the speedup the cost model predicts, and against Hugging Face's assisted generation with
-  the same draft;
+  at temperature 0 and 1 against our autoregressive loop, with the number of drafts per call
+  (gamma) the cost model chooses, its acceptance rate and cost ratio, and against Hugging Face's
+  assisted generation with the same draft and gamma;
 * Medusa heads and typical acceptance (chapter 7): the shipped heads at temperature 0 as a chain
   and as trees (same tokens as greedy decoding), and at 0.7, 1.0 and 1.3 as a chain under
   rejection sampling (top-token and sampled proposals) and under typical acceptance, and as a
@@ -36,6 +37,9 @@ path of ``ll.load``):
   k = 1 .. 8 and with our single-call variant (slots after every prefix, or after the likeliest
   one) at temperature 0 (same tokens as greedy decoding) and 1, each with its tokens per target
   pass, against our autoregressive loop;
+* every speculative row gives the speedup the cost model predicts for it
+  (``logitlab.bench.costmodel``): its target passes priced at the v(n) measured in the same
+  run, plus the drafter's own time, both counted on other prompts than the timed ones;
 * the decoding loop: ``ll.generate`` against Hugging Face ``generate``, 128 new tokens, greedy
   and sampled, as a tokens-per-second ratio (the two loops run alternately, so both see the
   same machine load); decoding with against without the KV cache

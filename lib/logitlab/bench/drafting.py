@@ -9,36 +9,39 @@ from ..drafters import DraftModelDrafter
 from ..generate import generate
 from ..speculative import pooled_alpha, speculative_generate
 from ..timing import forward_seconds, interleaved_median_times
-from .prompts import DRAFT_PROMPTS, GROUNDED, OPEN_ENDED, chat
+from .costmodel import calibrate, cost_context, predicted_speedups
+from .prompts import CALIBRATION, CALIBRATION_GROUNDED, DRAFT_PROMPTS, GROUNDED, OPEN_ENDED, chat
 from .table import Table
 
 
 @torch.inference_mode()
 def bench_speculative(table: Table, model, tokenizer, new_tokens: int = 96, gamma: int = 5, repeat: int = 3,
                       stock=None) -> None:
+    """Prompt lookup against our AR loop and Hugging Face's prompt lookup (on ``stock``), greedy,
+    on input-grounded and open-ended prompts, with the cost model's forecast from other prompts."""
     from transformers import GenerationConfig
 
     from ..drafters import PromptLookupDrafter
 
-    from ..speculative import speedup
-
     stock = model if stock is None else stock
     vocab = model.config.vocab_size
-    context = chat(tokenizer, GROUNDED[0])[0].tolist()
-    step = forward_seconds(model, context, 1)
-    verify_cost = forward_seconds(model, context, gamma + 1) / step
-    for label, questions in [("input-grounded", GROUNDED), ("open-ended", OPEN_ENDED)]:
+    tasks = [("input-grounded", GROUNDED, CALIBRATION_GROUNDED), ("open-ended", OPEN_ENDED, CALIBRATION)]
+    for label, questions, held_out in tasks:
         prompts = [chat(tokenizer, q) for q in questions]
+        def lookup(tokens):
+            return lambda ids, g: speculative_generate(model, PromptLookupDrafter(vocab), ids, gamma=gamma,
+                                                       max_new_tokens=tokens, temperature=0, eos_token_id=[])
+
+        calibration = calibrate(model, {"lookup": lookup(new_tokens // 2)}, [chat(tokenizer, q) for q in held_out])
+        predicted = predicted_speedups(model, calibration, cost_context(tokenizer))["lookup"]
         results = {}
 
         def ours():
             results["ar"] = [generate(model, ids, max_new_tokens=new_tokens, temperature=0, eos_token_id=[])
                              for ids in prompts]
 
-        def lookup():
-            results["pl"] = [speculative_generate(model, PromptLookupDrafter(vocab), ids, gamma=gamma,
-                                                  max_new_tokens=new_tokens, temperature=0, eos_token_id=[])
-                             for ids in prompts]
+        def lookup_run():
+            results["pl"] = [lookup(new_tokens)(ids, None) for ids in prompts]
 
         # The same work as ours: no EOS (the model emits <|im_end|> and goes on; forbidding it
         # changes the tokens from there), and an explicit attention mask: with no EOS id,
@@ -49,104 +52,96 @@ def bench_speculative(table: Table, model, tokenizer, new_tokens: int = 96, gamm
 
         def theirs():
             results["hf"] = [stock.generate(ids, attention_mask=torch.ones_like(ids),
-                                                       generation_config=config) for ids in prompts]
+                                            generation_config=config) for ids in prompts]
 
-        ar_t, pl_t, hf_t = interleaved_median_times([ours, lookup, theirs], repeat=repeat)
+        ar_t, pl_t, hf_t = interleaved_median_times([ours, lookup_run, theirs], repeat=repeat)
         for a, b, h in zip(results["ar"], results["pl"], results["hf"]):
             if not a.new_tokens[0].tolist() == b.new_tokens[0].tolist() == h[0, -new_tokens:].tolist():
                 raise AssertionError("prompt lookup (ours or Hugging Face's) changed the greedy tokens")
         runs = results["pl"]
         calls = sum(r.model_calls for r in runs)
-        alpha = pooled_alpha(runs)
-        # c: the lookup's time per proposed token, in target steps (it proposes up to gamma at once)
-        c = sum(r.draft_seconds for r in runs) / max(1, gamma * sum(len(r.accepted) for r in runs)) / step
-        predicted = speedup(min(alpha, 0.999999), gamma, c, verify_cost)
         name = f"{len(prompts)} {label} prompts, {new_tokens} tokens each, greedy"
         table.add(f"ll.generate, {name}", ar_t)
-        table.add(f"prompt lookup (gamma={gamma}, alpha={alpha:.2f}, c={c:.4f}, v={verify_cost:.2f}, "
+        table.add(f"prompt lookup (gamma={gamma}, alpha={pooled_alpha(runs):.2f}, "
                   f"{new_tokens * len(prompts) / calls:.2f} tokens per target call, predicted {predicted:.2f}x), "
                   f"{name}", pl_t, ar_t / pl_t, "faster than our AR loop")
         table.add(f"Hugging Face prompt lookup, {name}", hf_t, hf_t / pl_t, "slower than ours, same algorithm")
 
 
 @torch.inference_mode()
-def bench_draft_model(table: Table, model, tokenizer, new_tokens: int = 128, gamma: int = 4, repeat: int = 3,
+def bench_draft_model(table: Table, model, tokenizer, new_tokens: int = 128, gammas=(1, 2, 3, 4), repeat: int = 3,
                       stock=None) -> None:
-    """The shipped draft model against our AR loop at T = 0 and 1, with the predicted speedup, and
-    against Hugging Face's assisted generation at T = 0 (on ``stock``: the model, fast path off)."""
+    """The shipped draft model against our AR loop at T = 0 and 1, and against Hugging Face's
+    assisted generation at T = 0 (on ``stock``: the model, fast path off). At each temperature
+    the cost model, calibrated on other prompts, chooses gamma among ``gammas``; the row gives
+    its forecast beside the measured speedup."""
     from ..drafters import load_pretrained
-    from ..speculative import speedup
 
     stock = model if stock is None else stock
     draft = load_pretrained(model)
     prompts = [chat(tokenizer, q) for q in DRAFT_PROMPTS]
-    context = prompts[0][0].tolist() + list(range(1000, 1060))
-    step = forward_seconds(model, context, 1)
-    c = forward_seconds(draft, context, 1) / step
-    verify_cost = forward_seconds(model, context, gamma + 1) / step
-    draft.generation_config.num_assistant_tokens = gamma  # Hugging Face: a constant gamma, no early stop
-    draft.generation_config.num_assistant_tokens_schedule = "constant"
-    draft.generation_config.assistant_confidence_threshold = 0.0
+    held_out = [chat(tokenizer, q) for q in CALIBRATION]
+    context = cost_context(tokenizer)
+    c = forward_seconds(draft, context, 1) / forward_seconds(model, context, 1)
+
+    def drafting(gamma, temperature, tokens):
+        return lambda ids, g: speculative_generate(model, DraftModelDrafter(draft), ids, gamma=gamma, generator=g,
+                                                   max_new_tokens=tokens, temperature=temperature, eos_token_id=[])
+
     for temperature in [0.0, 1.0]:
-        results = {}
-        seeds = lambda: [seeded_generator(model, i) for i in range(len(prompts))]  # noqa: E731
-
-        def ours():
-            results["ar"] = [generate(model, ids, max_new_tokens=new_tokens, temperature=temperature,
-                                      eos_token_id=[], generator=g) for ids, g in zip(prompts, seeds())]
-
-        def spec():
-            results["sd"] = [speculative_generate(model, DraftModelDrafter(draft), ids, gamma=gamma, max_new_tokens=new_tokens,
-                                                  temperature=temperature, eos_token_id=[], generator=g)
-                             for ids, g in zip(prompts, seeds())]
-
-        contenders = [ours, spec]
+        calibration = calibrate(model, {g: drafting(g, temperature, new_tokens // 2) for g in gammas}, held_out)
+        forecast = predicted_speedups(model, calibration, context)
+        gamma = max(gammas, key=lambda g: forecast[g])
+        runs = {"ll.generate": lambda ids, g: generate(model, ids, generator=g, max_new_tokens=new_tokens,
+                                                       temperature=temperature, eos_token_id=[]),
+                "spec": drafting(gamma, temperature, new_tokens)}
         if temperature == 0:
             from transformers import GenerationConfig
 
-            # No EOS and an explicit attention mask, as for prompt lookup above.
+            # No EOS and an explicit attention mask, as for prompt lookup above; a constant gamma, no early stop.
             config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=[], pad_token_id=2)
-
-            def theirs():
-                results["hf"] = [stock.generate(ids, attention_mask=torch.ones_like(ids),
-                                                           generation_config=config, assistant_model=draft)
-                                 for ids in prompts]
-
-            contenders.append(theirs)
-        times = interleaved_median_times(contenders, repeat=repeat)
-        runs = results["sd"]
+            draft.generation_config.update(num_assistant_tokens=gamma, num_assistant_tokens_schedule="constant",
+                                           assistant_confidence_threshold=0.0)
+            runs["hf"] = lambda ids, g: stock.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
+                                                       assistant_model=draft)
+        times, results = timed_runs(model, runs, prompts, repeat)
+        spec = results["spec"]
         if temperature == 0:
-            for a, b, h in zip(results["ar"], runs, results["hf"]):
+            for a, b, h in zip(results["ll.generate"], spec, results["hf"]):
                 if not a.new_tokens[0].tolist() == b.new_tokens[0].tolist() == h[0, -new_tokens:].tolist():
                     raise AssertionError("greedy speculative decoding changed the greedy tokens")
-        alpha = pooled_alpha(runs)
-        per_call = new_tokens * len(prompts) / sum(r.model_calls for r in runs)
-        predicted = speedup(min(alpha, 0.999999), gamma, c, verify_cost)
+        per_call = new_tokens * len(prompts) / sum(r.model_calls for r in spec)
         name = f"{len(prompts)} prompts, {new_tokens} tokens each, T={temperature:g}"
+        choice = ", ".join(f"{g}: {forecast[g]:.2f}x" for g in gammas)
         table.add(f"ll.generate, {name}", times[0])
-        table.add(f"draft model (gamma={gamma}, alpha={alpha:.2f}, c={c:.3f}, v={verify_cost:.2f}, "
-                  f"{per_call:.2f} tokens per call, predicted {predicted:.2f}x), {name}",
+        table.add(f"draft model (gamma={gamma}, the cost model's choice of [{choice}]; alpha={pooled_alpha(spec):.2f}, "
+                  f"c={c:.3f}, {per_call:.2f} tokens per call, predicted {forecast[gamma]:.2f}x), {name}",
                   times[1], times[0] / times[1], "faster than our AR loop")
         if temperature == 0:
             table.add(f"Hugging Face assisted generation, same draft, constant gamma={gamma}, {name}", times[2],
                       times[2] / times[1], "slower than ours, same algorithm")
 
 
-def time_against_ar(table: Table, model, runs: dict, prompts, temperature: float, new_tokens: int, repeat: int,
-                     calls=lambda r: r.model_calls, unit: str = "call") -> None:
-    """Time ``runs`` (label -> fn(ids, generator); the first is the AR baseline ``ll.generate``)
-    alternately on every prompt, check at T = 0 that each gives the baseline's greedy tokens, and
-    add a row per run with its tokens per ``unit`` (``calls(result)`` counts them) and its speedup."""
+def timed_runs(model, runs: dict, prompts, repeat: int) -> tuple[list, dict]:
+    """Time ``runs`` (label -> fn(ids, generator)) in turn on every prompt, each prompt with its
+    own seeded generator; returns the median times and ``{label: results of the last round}``."""
     results = {}
 
     def timed(label):
-        run = runs[label]
-
         def fn():
-            results[label] = [run(ids, seeded_generator(model, i)) for i, ids in enumerate(prompts)]
+            results[label] = [runs[label](ids, seeded_generator(model, i)) for i, ids in enumerate(prompts)]
         return fn
 
-    times = interleaved_median_times([timed(label) for label in runs], repeat=repeat)
+    return interleaved_median_times([timed(label) for label in runs], repeat=repeat), results
+
+
+def time_against_ar(table: Table, model, runs: dict, prompts, temperature: float, new_tokens: int, repeat: int,
+                     calls=lambda r: r.model_calls, unit: str = "call", predicted: dict | None = None) -> None:
+    """Time ``runs`` (label -> fn(ids, generator); the first is the AR baseline ``ll.generate``)
+    alternately on every prompt, check at T = 0 that each gives the baseline's greedy tokens, and
+    add a row per run with its tokens per ``unit`` (``calls(result)`` counts them), the cost
+    model's forecast (``predicted``: label -> speedup) and its speedup."""
+    times, results = timed_runs(model, runs, prompts, repeat)
     if temperature == 0:
         greedy = [r.new_tokens[0].tolist() for r in results["ll.generate"]]
         for label, outs in results.items():
@@ -156,7 +151,8 @@ def time_against_ar(table: Table, model, runs: dict, prompts, temperature: float
     table.add(f"ll.generate, {name}", times[0])
     for label, seconds in list(zip(runs, times))[1:]:
         per_call = new_tokens * len(prompts) / sum(calls(r) for r in results[label])
-        table.add(f"{label} ({per_call:.2f} tokens per {unit}), {name}", seconds, times[0] / seconds,
+        forecast = f", predicted {predicted[label]:.2f}x" if predicted and label in predicted else ""
+        table.add(f"{label} ({per_call:.2f} tokens per {unit}{forecast}), {name}", seconds, times[0] / seconds,
                   "faster than our AR loop")
 
 
@@ -174,9 +170,11 @@ def bench_typical(table: Table, model, tokenizer, new_tokens: int = 64, gamma: i
 
     heads = load_heads(model)
     prompts = [chat(tokenizer, q) for q in DRAFT_PROMPTS]
+    held_out = [chat(tokenizer, q) for q in CALIBRATION]
     typical = TypicalAcceptance()
-    for temperature in temperatures:
-        common = dict(max_new_tokens=new_tokens, temperature=temperature, eos_token_id=[])
+
+    def build(temperature, tokens):
+        common = dict(max_new_tokens=tokens, temperature=temperature, eos_token_id=[])
 
         def chain(proposals="argmax", acceptance=None):
             return lambda ids, g: speculative_generate(model, MedusaDrafter(heads, proposals), ids, gamma=gamma,
@@ -195,7 +193,13 @@ def bench_typical(table: Table, model, tokenizer, new_tokens: int = 64, gamma: i
             runs[f"Medusa heads, chain (gamma={gamma}), rejection sampling, sampled proposals"] = chain("sample")
             runs[f"Medusa heads, chain (gamma={gamma}), typical acceptance"] = chain(acceptance=typical)
             runs[f"Medusa heads, tree {trees[-1]}, typical acceptance"] = tree(trees[-1], typical)
-        time_against_ar(table, model, runs, prompts, temperature, new_tokens, repeat)
+        return runs
+
+    for temperature in temperatures:
+        drafters = dict(list(build(temperature, new_tokens // 2).items())[1:])
+        predicted = predicted_speedups(model, calibrate(model, drafters, held_out), cost_context(tokenizer))
+        time_against_ar(table, model, build(temperature, new_tokens), prompts, temperature, new_tokens, repeat,
+                        predicted=predicted)
 
 
 def pass_calls(result) -> int:
@@ -215,9 +219,11 @@ def bench_pass(table: Table, model, tokenizer, new_tokens: int = 64, ks=tuple(ra
     from ..lookahead import load_pretrained, pass_generate
 
     prompts = [chat(tokenizer, q) for q in DRAFT_PROMPTS]
+    held_out = [chat(tokenizer, q) for q in CALIBRATION]
     sets = {k: load_pretrained(model, k) for k in set(ks) | set(single_ks)}  # loaded once, outside the timings
-    for temperature in temperatures:
-        common = dict(max_new_tokens=new_tokens, temperature=temperature, eos_token_id=[])
+
+    def build(temperature, tokens):
+        common = dict(max_new_tokens=tokens, temperature=temperature, eos_token_id=[])
         runs = {"ll.generate": lambda ids, g: generate(model, ids, generator=g, **common)}
         for k in ks:
             runs[f"PaSS two-call, k={k}"] = (
@@ -227,5 +233,12 @@ def bench_pass(table: Table, model, tokenizer, new_tokens: int = 64, ks=tuple(ra
                 runs[f"PaSS single-call ({prefixes}), k={k}"] = (
                     lambda ids, g, k=k, prefixes=prefixes: pass_generate(
                         model, sets[k], ids, prefixes=prefixes, generator=g, **common))
-        time_against_ar(table, model, runs, prompts, temperature, new_tokens, repeat,
-                         calls=pass_calls, unit="target pass")
+        return runs
+
+    for temperature in temperatures:
+        # PaSS drafts inside the target's own passes, which the cost model prices by their sizes.
+        drafters = dict(list(build(temperature, new_tokens // 2).items())[1:])
+        calibration = calibrate(model, drafters, held_out, drafter_seconds=lambda result: 0.0)
+        time_against_ar(table, model, build(temperature, new_tokens), prompts, temperature, new_tokens, repeat,
+                        calls=pass_calls, unit="target pass",
+                        predicted=predicted_speedups(model, calibration, cost_context(tokenizer)))

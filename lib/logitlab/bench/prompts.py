@@ -22,3 +22,15 @@ def chat(tokenizer, question):
 
 # Held out from the drafters' training prompts (logitlab.training.data): the prompts they are measured on.
 DRAFT_PROMPTS = ["Write a short story about a lighthouse keeper.", "Explain how a refrigerator keeps food cold."]
+
+# The cost model's calibration prompts (logitlab.bench.costmodel): held out from the drafters'
+# training too, and different from the prompts the rows are timed on, so that the predicted
+# speedup of a row is a forecast, not a fit.
+CALIBRATION = ["Describe how to make a cup of tea.", "What are the benefits of regular exercise?"]
+CALIBRATION_TEXT = (
+    "The Amazon is the largest river in South America by the volume of water it carries. It rises in the Andes "
+    "of Peru and flows east for about 6,400 kilometres to the Atlantic Ocean, through the largest tropical "
+    "rainforest on Earth, which its basin of some seven million square kilometres drains."
+)
+CALIBRATION_GROUNDED = [f"Repeat the following text exactly:\n\n{CALIBRATION_TEXT}",
+                        f"Rewrite the following text, replacing 'river' with 'stream':\n\n{CALIBRATION_TEXT}"]

@@ -13,7 +13,8 @@ from .basics import bench_generate, bench_load, bench_parallel, bench_sampling
 from .drafting import bench_draft_model, bench_pass, bench_speculative, bench_typical
 from .table import Table, cpu_name
 from ..timing import breakdown_table
-from .verification import bench_verification
+from .llamacpp import bench_llama_cpp
+from .verification import bench_verification, verification_context
 
 
 def main(argv=None) -> Table:
@@ -22,6 +23,8 @@ def main(argv=None) -> Table:
     parser.add_argument("--skip-load", action="store_true", help="skip the first-load row (about 30 s)")
     parser.add_argument("--skip-verification", action="store_true",
                         help="skip the decode-step and verification-pass rows (about 2 min)")
+    parser.add_argument("--skip-llama-cpp", action="store_true",
+                        help="skip the llama.cpp rows (they run only where llama-cpp-python is installed)")
     parser.add_argument("--skip-generate", action="store_true", help="skip the decoding-loop rows (about 2 min)")
     parser.add_argument("--skip-parallel", action="store_true",
                         help="skip the batch, tree and beam-search rows (about 1 min)")
@@ -49,6 +52,8 @@ def main(argv=None) -> Table:
     breakdown = None
     if not args.skip_verification:
         breakdown = bench_verification(table, model, stock, tokenizer, **({"rounds": 4} if args.quick else {}))
+    if not (args.skip_verification or args.skip_llama_cpp):
+        bench_llama_cpp(table, model, verification_context(tokenizer))
     bench_sampling(table, model, tokenizer)
     if not args.skip_generate:
         bench_generate(table, model, tokenizer, stock=stock, **repeat)
