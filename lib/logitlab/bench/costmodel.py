@@ -5,8 +5,8 @@ pass of the target over n new tokens costs v(n) decode steps (v measured in the 
 cached prefix), and a drafter that is a network of its own (a draft model, Medusa heads) or a
 lookup adds its own time; the decoding loop's bookkeeping is left out, as in the formula. Plain
 decoding costs one step per token. The pass sizes and the drafter's time come from one run on
-*calibration* prompts (``logitlab.bench.prompts.CALIBRATION``, with half the timed rows'
-tokens to save time), different from the prompts that are timed, so each prediction is a
+*calibration* prompts (``logitlab.bench.prompts.CALIBRATION``), different from the prompts
+that are timed, so each prediction is a
 forecast of the timed row, not a fit to it.
 """
 

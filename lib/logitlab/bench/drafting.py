@@ -32,7 +32,7 @@ def bench_speculative(table: Table, model, tokenizer, new_tokens: int = 96, gamm
             return lambda ids, g: speculative_generate(model, PromptLookupDrafter(vocab), ids, gamma=gamma,
                                                        max_new_tokens=tokens, temperature=0, eos_token_id=[])
 
-        calibration = calibrate(model, {"lookup": lookup(new_tokens // 2)}, [chat(tokenizer, q) for q in held_out])
+        calibration = calibrate(model, {"lookup": lookup(new_tokens)}, [chat(tokenizer, q) for q in held_out])
         predicted = predicted_speedups(model, calibration, cost_context(tokenizer))["lookup"]
         results = {}
 
@@ -89,7 +89,7 @@ def bench_draft_model(table: Table, model, tokenizer, new_tokens: int = 128, gam
                                                    max_new_tokens=tokens, temperature=temperature, eos_token_id=[])
 
     for temperature in [0.0, 1.0]:
-        calibration = calibrate(model, {g: drafting(g, temperature, new_tokens // 2) for g in gammas}, held_out)
+        calibration = calibrate(model, {g: drafting(g, temperature, new_tokens) for g in gammas}, held_out)
         forecast = predicted_speedups(model, calibration, context)
         gamma = max(gammas, key=lambda g: forecast[g])
         runs = {"ll.generate": lambda ids, g: generate(model, ids, generator=g, max_new_tokens=new_tokens,
@@ -122,9 +122,10 @@ def bench_draft_model(table: Table, model, tokenizer, new_tokens: int = 128, gam
                       times[2] / times[1], "slower than ours, same algorithm")
 
 
-def timed_runs(model, runs: dict, prompts, repeat: int) -> tuple[list, dict]:
+def timed_runs(model, runs: dict, prompts, repeat: int, warmup: int = 1) -> tuple[list, dict]:
     """Time ``runs`` (label -> fn(ids, generator)) in turn on every prompt, each prompt with its
-    own seeded generator; returns the median times and ``{label: results of the last round}``."""
+    own seeded generator, after ``warmup`` untimed rounds; returns the median times and
+    ``{label: results of the last round}``."""
     results = {}
 
     def timed(label):
@@ -132,16 +133,17 @@ def timed_runs(model, runs: dict, prompts, repeat: int) -> tuple[list, dict]:
             results[label] = [runs[label](ids, seeded_generator(model, i)) for i, ids in enumerate(prompts)]
         return fn
 
-    return interleaved_median_times([timed(label) for label in runs], repeat=repeat), results
+    return interleaved_median_times([timed(label) for label in runs], repeat=repeat, warmup=warmup), results
 
 
 def time_against_ar(table: Table, model, runs: dict, prompts, temperature: float, new_tokens: int, repeat: int,
-                     calls=lambda r: r.model_calls, unit: str = "call", predicted: dict | None = None) -> None:
+                     calls=lambda r: r.model_calls, unit: str = "call", predicted: dict | None = None,
+                     warmup: int = 1) -> None:
     """Time ``runs`` (label -> fn(ids, generator); the first is the AR baseline ``ll.generate``)
     alternately on every prompt, check at T = 0 that each gives the baseline's greedy tokens, and
     add a row per run with its tokens per ``unit`` (``calls(result)`` counts them), the cost
     model's forecast (``predicted``: label -> speedup) and its speedup."""
-    times, results = timed_runs(model, runs, prompts, repeat)
+    times, results = timed_runs(model, runs, prompts, repeat, warmup)
     if temperature == 0:
         greedy = [r.new_tokens[0].tolist() for r in results["ll.generate"]]
         for label, outs in results.items():
@@ -173,8 +175,8 @@ def bench_typical(table: Table, model, tokenizer, new_tokens: int = 64, gamma: i
     held_out = [chat(tokenizer, q) for q in CALIBRATION]
     typical = TypicalAcceptance()
 
-    def build(temperature, tokens):
-        common = dict(max_new_tokens=tokens, temperature=temperature, eos_token_id=[])
+    def build(temperature):
+        common = dict(max_new_tokens=new_tokens, temperature=temperature, eos_token_id=[])
 
         def chain(proposals="argmax", acceptance=None):
             return lambda ids, g: speculative_generate(model, MedusaDrafter(heads, proposals), ids, gamma=gamma,
@@ -196,10 +198,10 @@ def bench_typical(table: Table, model, tokenizer, new_tokens: int = 64, gamma: i
         return runs
 
     for temperature in temperatures:
-        drafters = dict(list(build(temperature, new_tokens // 2).items())[1:])
-        predicted = predicted_speedups(model, calibrate(model, drafters, held_out), cost_context(tokenizer))
-        time_against_ar(table, model, build(temperature, new_tokens), prompts, temperature, new_tokens, repeat,
-                        predicted=predicted)
+        runs = build(temperature)
+        # The calibration runs every contender once, which also warms each up for the timing.
+        predicted = predicted_speedups(model, calibrate(model, runs, held_out), cost_context(tokenizer))
+        time_against_ar(table, model, runs, prompts, temperature, new_tokens, repeat, predicted=predicted, warmup=0)
 
 
 def pass_calls(result) -> int:
@@ -222,8 +224,8 @@ def bench_pass(table: Table, model, tokenizer, new_tokens: int = 64, ks=tuple(ra
     held_out = [chat(tokenizer, q) for q in CALIBRATION]
     sets = {k: load_pretrained(model, k) for k in set(ks) | set(single_ks)}  # loaded once, outside the timings
 
-    def build(temperature, tokens):
-        common = dict(max_new_tokens=tokens, temperature=temperature, eos_token_id=[])
+    def build(temperature):
+        common = dict(max_new_tokens=new_tokens, temperature=temperature, eos_token_id=[])
         runs = {"ll.generate": lambda ids, g: generate(model, ids, generator=g, **common)}
         for k in ks:
             runs[f"PaSS two-call, k={k}"] = (
@@ -236,9 +238,10 @@ def bench_pass(table: Table, model, tokenizer, new_tokens: int = 64, ks=tuple(ra
         return runs
 
     for temperature in temperatures:
+        runs = build(temperature)
         # PaSS drafts inside the target's own passes, which the cost model prices by their sizes.
-        drafters = dict(list(build(temperature, new_tokens // 2).items())[1:])
-        calibration = calibrate(model, drafters, held_out, drafter_seconds=lambda result: 0.0)
-        time_against_ar(table, model, build(temperature, new_tokens), prompts, temperature, new_tokens, repeat,
-                        calls=pass_calls, unit="target pass",
-                        predicted=predicted_speedups(model, calibration, cost_context(tokenizer)))
+        # The calibration runs every contender once, which also warms each up for the timing.
+        calibration = calibrate(model, runs, held_out, drafter_seconds=lambda result: 0.0)
+        time_against_ar(table, model, runs, prompts, temperature, new_tokens, repeat, calls=pass_calls,
+                        unit="target pass", predicted=predicted_speedups(model, calibration, cost_context(tokenizer)),
+                        warmup=0)

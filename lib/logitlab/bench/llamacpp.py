@@ -35,7 +35,7 @@ def float32_gguf():
 
 
 @torch.inference_mode()
-def bench_llama_cpp(table: Table, model, context, sizes=(1, 2, 4, 8, 16), rounds: int = 5) -> None:
+def bench_llama_cpp(table: Table, model, context, sizes=(1, 2, 4, 8, 16), rounds: int = 7) -> None:
     """A decode step and v(n) of llama.cpp (float32, as many threads as torch uses, logits for
     every token of a pass, as a verification needs) against the fast path, round by round."""
     try:
