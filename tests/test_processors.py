@@ -217,10 +217,12 @@ def test_top_p_at_one_keeps_tokens_whose_probability_underflows():
 def test_top_p_sorts_the_rows_where_the_last_bit_matters():
     # In this row the mass above one token is within float32 rounding of p: HF's softmax sum
     # (float32, in sorted order) and ours (float64, unsorted) round to opposite sides, so the
-    # row must not be decided by the fast path but sorted and computed as HF does.
+    # row must not be decided by the fast path but sorted and computed as HF does. Which side
+    # HF's float32 sum lands on depends on the CPU's vector width (1790 tokens kept with
+    # AVX-512, 1791 with AVX2, as the exact sum gives: both measured); ours must follow it.
     logits = 3 * torch.randn(64, 49152, generator=torch.Generator().manual_seed(250))[36:37]
     ours = top_p(logits, 0.9)
-    assert kept(ours).sum() == 1790
+    assert kept(ours).sum() in (1790, 1791)
     assert torch.equal(kept(ours), kept(hf(TopPLogitsWarper(0.9), logits)))
 
 
