@@ -54,15 +54,16 @@ def test_draft_model_rows_run_on_a_small_setting():
 
 def test_pass_log_records_every_pass_of_a_speculative_run():
     import logitlab as ll
+    from logitlab.bench import costmodel
 
     target, draft = ll.toy_model(vocab_size=6, seed=0), ll.toy_model(vocab_size=6, seed=1)
-    with timing.PassLog(target) as log:
+    with costmodel.PassLog(target) as log:
         result = ll.speculative_generate(target, ll.drafters.DraftModelDrafter(draft), [[1, 2]], gamma=3,
                                          max_new_tokens=10, temperature=0, eos_token_id=[])
     # The prefill over the prompt, then one pass per call over the pending token and its drafts;
     # the draft model's own passes are not the target's.
     assert log.sizes == [2] + [g + 1 for g in result.drafted]
-    with timing.PassLog(target) as log:
+    with costmodel.PassLog(target) as log:
         ll.generate(target, [[1, 2]], max_new_tokens=4, temperature=0, eos_token_id=[])
     assert log.sizes == [2, 1, 1, 1]
     target(torch.tensor([[1]]))
@@ -196,7 +197,7 @@ def test_quick_runs_every_table_with_fewer_settings(monkeypatch, tmp_path):
     calls = {}
     fake = SimpleNamespace(logitlab_fast_cpu={})
     monkeypatch.setattr(run.models, "load", lambda *a, **k: (fake, None))
-    monkeypatch.setattr(run, "verification_context", lambda tokenizer: [1, 2, 3])
+    monkeypatch.setattr(run, "cached_prefix", lambda tokenizer: [1, 2, 3])
     for name in ["bench_verification", "bench_llama_cpp", "bench_sampling", "bench_generate", "bench_parallel",
                  "bench_speculative", "bench_draft_model", "bench_typical", "bench_pass"]:
         monkeypatch.setattr(run, name, lambda *a, name=name, **k: calls.setdefault(name, k) and None)

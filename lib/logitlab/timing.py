@@ -176,25 +176,3 @@ def breakdown_table(parts: dict) -> str:
         lines.append(f"| {name} | " + " | ".join(f"{parts[n].get(name, 0) * 1000:.2f} ms" for n in sizes) + " |")
     return "\n".join(lines)
 
-
-class PassLog:
-    """Records the number of new tokens of every forward pass of a model's body while it is
-    open (``with PassLog(model) as log: ...``, then ``log.sizes``), for the cost model: a run's
-    passes, priced at the measured v(n), predict its time. The body (``model.model``) is what
-    every path runs, whether it calls the whole model or the body and the output layer apart."""
-
-    def __init__(self, model):
-        self.body = getattr(model, "model", model)
-        self.sizes = []
-
-    def _record(self, module, args, kwargs):
-        tokens = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else kwargs.get("inputs_embeds")
-        tokens = args[0] if tokens is None else tokens
-        self.sizes.append(tokens.shape[1])
-
-    def __enter__(self):
-        self.handle = self.body.register_forward_pre_hook(self._record, with_kwargs=True)
-        return self
-
-    def __exit__(self, *exc):
-        self.handle.remove()

@@ -1,13 +1,12 @@
 """The cost model of chapter 6, checked on runs it was not fitted on.
 
 A speculative run is priced as the textbook model prices it, with this machine's costs: every
-pass of the target over n new tokens costs v(n) decode steps (v measured in the same run, on a
-cached prefix), and a drafter that is a network of its own (a draft model, Medusa heads) or a
-lookup adds its own time; the decoding loop's bookkeeping is left out, as in the formula. Plain
-decoding costs one step per token. The pass sizes and the drafter's time come from one run on
-*calibration* prompts (``logitlab.bench.prompts.CALIBRATION``), different from the prompts
-that are timed, so each prediction is a
-forecast of the timed row, not a fit to it.
+pass of the target over n new tokens costs v(n) decode steps (v measured in the same run, after
+the cached prefix ``prompts.cached_prefix``), and a drafter that is a network of its own (a
+draft model, Medusa heads) or a lookup adds its own time; the decoding loop's bookkeeping is
+left out, as in the formula. Plain decoding costs one step per token. The pass sizes and the
+drafter's time come from one run on *calibration* prompts (``prompts.CALIBRATION``), different
+from the prompts that are timed, so each prediction is a forecast of the timed row, not a fit.
 """
 
 from __future__ import annotations
@@ -17,8 +16,7 @@ import statistics
 import torch
 
 from ..devices import generator as seeded_generator
-from ..timing import PassLog, pass_times
-from .prompts import chat
+from ..timing import pass_times
 
 
 @torch.inference_mode()
@@ -52,6 +50,24 @@ def predicted_speedups(model, calibration: dict, context, rounds: int = 5) -> di
             for label, (tokens, ns, drafting) in calibration.items()}
 
 
-def cost_context(tokenizer) -> list[int]:
-    """A cached prefix of realistic length for pricing the passes: a chat prompt and 128 tokens."""
-    return chat(tokenizer, "Describe how to make a cup of tea.")[0].tolist() + list(range(1000, 1128))
+class PassLog:
+    """Records the number of new tokens of every forward pass of a model's body while it is
+    open (``with PassLog(model) as log: ...``, then ``log.sizes``), for the cost model: a run's
+    passes, priced at the measured v(n), predict its time. The body (``model.model``) is what
+    every path runs, whether it calls the whole model or the body and the output layer apart."""
+
+    def __init__(self, model):
+        self.body = getattr(model, "model", model)
+        self.sizes = []
+
+    def _record(self, module, args, kwargs):
+        tokens = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else kwargs.get("inputs_embeds")
+        tokens = args[0] if tokens is None else tokens
+        self.sizes.append(tokens.shape[1])
+
+    def __enter__(self):
+        self.handle = self.body.register_forward_pre_hook(self._record, with_kwargs=True)
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()

@@ -9,8 +9,8 @@ from ..drafters import DraftModelDrafter
 from ..generate import generate
 from ..speculative import pooled_alpha, speculative_generate
 from ..timing import forward_seconds, interleaved_median_times
-from .costmodel import calibrate, cost_context, predicted_speedups
-from .prompts import CALIBRATION, CALIBRATION_GROUNDED, DRAFT_PROMPTS, GROUNDED, OPEN_ENDED, chat
+from .costmodel import calibrate, predicted_speedups
+from .prompts import CALIBRATION, CALIBRATION_GROUNDED, DRAFT_PROMPTS, GROUNDED, OPEN_ENDED, cached_prefix, chat
 from .table import Table
 
 
@@ -25,15 +25,17 @@ def bench_speculative(table: Table, model, tokenizer, new_tokens: int = 96, gamm
 
     stock = model if stock is None else stock
     vocab = model.config.vocab_size
+    context = cached_prefix(tokenizer)
+
+    def lookup(ids, g=None):  # a fresh drafter per run: it keeps no state between runs
+        return speculative_generate(model, PromptLookupDrafter(vocab), ids, gamma=gamma, max_new_tokens=new_tokens,
+                                    temperature=0, eos_token_id=[])
+
     tasks = [("input-grounded", GROUNDED, CALIBRATION_GROUNDED), ("open-ended", OPEN_ENDED, CALIBRATION)]
     for label, questions, held_out in tasks:
         prompts = [chat(tokenizer, q) for q in questions]
-        def lookup(tokens):
-            return lambda ids, g: speculative_generate(model, PromptLookupDrafter(vocab), ids, gamma=gamma,
-                                                       max_new_tokens=tokens, temperature=0, eos_token_id=[])
-
-        calibration = calibrate(model, {"lookup": lookup(new_tokens)}, [chat(tokenizer, q) for q in held_out])
-        predicted = predicted_speedups(model, calibration, cost_context(tokenizer))["lookup"]
+        calibration = calibrate(model, {"lookup": lookup}, [chat(tokenizer, q) for q in held_out])
+        predicted = predicted_speedups(model, calibration, context)["lookup"]
         results = {}
 
         def ours():
@@ -41,7 +43,7 @@ def bench_speculative(table: Table, model, tokenizer, new_tokens: int = 96, gamm
                              for ids in prompts]
 
         def lookup_run():
-            results["pl"] = [lookup(new_tokens)(ids, None) for ids in prompts]
+            results["pl"] = [lookup(ids) for ids in prompts]
 
         # The same work as ours: no EOS (the model emits <|im_end|> and goes on; forbidding it
         # changes the tokens from there), and an explicit attention mask: with no EOS id,
@@ -81,7 +83,7 @@ def bench_draft_model(table: Table, model, tokenizer, new_tokens: int = 128, gam
     draft = load_pretrained(model)
     prompts = [chat(tokenizer, q) for q in DRAFT_PROMPTS]
     held_out = [chat(tokenizer, q) for q in CALIBRATION]
-    context = cost_context(tokenizer)
+    context = cached_prefix(tokenizer)
     c = forward_seconds(draft, context, 1) / forward_seconds(model, context, 1)
 
     def drafting(gamma, temperature, tokens):
@@ -174,6 +176,7 @@ def bench_typical(table: Table, model, tokenizer, new_tokens: int = 64, gamma: i
     prompts = [chat(tokenizer, q) for q in DRAFT_PROMPTS]
     held_out = [chat(tokenizer, q) for q in CALIBRATION]
     typical = TypicalAcceptance()
+    context = cached_prefix(tokenizer)
 
     def build(temperature):
         common = dict(max_new_tokens=new_tokens, temperature=temperature, eos_token_id=[])
@@ -200,7 +203,7 @@ def bench_typical(table: Table, model, tokenizer, new_tokens: int = 64, gamma: i
     for temperature in temperatures:
         runs = build(temperature)
         # The calibration runs every contender once, which also warms each up for the timing.
-        predicted = predicted_speedups(model, calibrate(model, runs, held_out), cost_context(tokenizer))
+        predicted = predicted_speedups(model, calibrate(model, runs, held_out), context)
         time_against_ar(table, model, runs, prompts, temperature, new_tokens, repeat, predicted=predicted, warmup=0)
 
 
@@ -223,6 +226,7 @@ def bench_pass(table: Table, model, tokenizer, new_tokens: int = 64, ks=tuple(ra
     prompts = [chat(tokenizer, q) for q in DRAFT_PROMPTS]
     held_out = [chat(tokenizer, q) for q in CALIBRATION]
     sets = {k: load_pretrained(model, k) for k in set(ks) | set(single_ks)}  # loaded once, outside the timings
+    context = cached_prefix(tokenizer)
 
     def build(temperature):
         common = dict(max_new_tokens=new_tokens, temperature=temperature, eos_token_id=[])
@@ -243,5 +247,5 @@ def bench_pass(table: Table, model, tokenizer, new_tokens: int = 64, ks=tuple(ra
         # The calibration runs every contender once, which also warms each up for the timing.
         calibration = calibrate(model, runs, held_out, drafter_seconds=lambda result: 0.0)
         time_against_ar(table, model, runs, prompts, temperature, new_tokens, repeat, calls=pass_calls,
-                        unit="target pass", predicted=predicted_speedups(model, calibration, cost_context(tokenizer)),
+                        unit="target pass", predicted=predicted_speedups(model, calibration, context),
                         warmup=0)

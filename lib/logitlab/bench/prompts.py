@@ -20,6 +20,13 @@ def chat(tokenizer, question):
     return torch.tensor([list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)])
 
 
+def cached_prefix(tokenizer) -> list[int]:
+    """The cached prefix every pass is timed after (v(n), llama.cpp, the cost model's prices): a
+    chat prompt and 160 more tokens, about 200 in all, the length of a short answer."""
+    return chat(tokenizer, "Summarise the history of the printing press in a few sentences.")[0].tolist() + list(
+        range(1000, 1160))
+
+
 # Held out from the drafters' training prompts (logitlab.training.data): the prompts they are measured on.
 DRAFT_PROMPTS = ["Write a short story about a lighthouse keeper.", "Explain how a refrigerator keeps food cold."]
 

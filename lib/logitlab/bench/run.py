@@ -14,7 +14,8 @@ from .drafting import bench_draft_model, bench_pass, bench_speculative, bench_ty
 from .table import Table, cpu_name
 from ..timing import breakdown_table
 from .llamacpp import bench_llama_cpp
-from .verification import bench_verification, verification_context
+from .prompts import cached_prefix
+from .verification import bench_verification
 
 
 def main(argv=None) -> Table:
@@ -53,7 +54,7 @@ def main(argv=None) -> Table:
     if not args.skip_verification:
         breakdown = bench_verification(table, model, stock, tokenizer, **({"rounds": 4} if args.quick else {}))
     if not (args.skip_verification or args.skip_llama_cpp):
-        bench_llama_cpp(table, model, verification_context(tokenizer))
+        bench_llama_cpp(table, model, cached_prefix(tokenizer))
     bench_sampling(table, model, tokenizer)
     if not args.skip_generate:
         bench_generate(table, model, tokenizer, stock=stock, **repeat)

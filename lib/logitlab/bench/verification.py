@@ -9,7 +9,7 @@ import torch
 
 from ..devices import model_device
 from ..timing import forward_breakdown, pass_times_in_turn, read_bandwidth
-from .prompts import chat
+from .prompts import cached_prefix
 from .table import Table
 
 SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16)
@@ -21,18 +21,12 @@ def weight_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def verification_context(tokenizer) -> list[int]:
-    """The cached prefix the passes are timed after: a chat prompt and 160 more tokens (about 200)."""
-    return chat(tokenizer, "Summarise the history of the printing press in a few sentences.")[0].tolist() + list(
-        range(1000, 1160))
-
-
 @torch.inference_mode()
 def bench_verification(table: Table, model, stock, tokenizer, rounds: int = 7) -> dict:
     """The memory-bound limit of a decode step, the step and v(n) with the fast path (``model``)
     and without (``stock``, the model as Hugging Face gives it), timed in turn; returns the
     per-part breakdown of a pass over 1 and 8 tokens with the fast path."""
-    context = verification_context(tokenizer)
+    context = cached_prefix(tokenizer)
     bandwidth = read_bandwidth(model_device(model))
     limit = weight_bytes(model) / bandwidth
     table.add(f"memory-bound decode step: {weight_bytes(model) / 1e6:.0f} MB of weights at the read bandwidth "
