@@ -1,6 +1,7 @@
 """The model loader, offline: the uncached path (dequantise the GGUF file) and the cached one."""
 
 import importlib.metadata
+from pathlib import Path
 
 import pytest
 import torch
@@ -91,3 +92,35 @@ def test_hugging_face_names_go_to_from_pretrained(monkeypatch):
     assert ("model", "HuggingFaceTB/SmolLM2-360M-Instruct", torch.float32) in asked
     assert ("tokenizer", "HuggingFaceTB/SmolLM2-360M-Instruct") in asked
     assert not model.training and model.logitlab_from_cache is False
+
+
+def test_a_second_first_load_keeps_the_cache_the_first_one_wrote(monkeypatch, tmp_path):
+    # Two processes loading at once into an empty cache (parallel tests, two notebooks) both
+    # dequantise; the one that finishes second must keep the first one's complete copy, which
+    # the first may be reading already, and not delete it or fail.
+    import transformers
+
+    class Saved:
+        pad_token_id = eos_token_id = None
+        config = None
+
+        def __init__(self, text):
+            self.text = text
+            self.config = self  # the loader reads model.config's special-token ids
+
+        def save_pretrained(self, folder):
+            (Path(folder) / f"{self.text}.safetensors").write_text(self.text)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: Saved("model"))
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: Saved("tokenizer"))
+    target = tmp_path / "smollm2-135m"
+    models._dequantise_to_cache("smollm2-135m", target)
+    first = (target / "model.safetensors").stat().st_ino
+    models._dequantise_to_cache("smollm2-135m", target)  # the slower process finishes
+    assert (target / "model.safetensors").stat().st_ino == first
+    assert [p.name for p in tmp_path.iterdir()] == ["smollm2-135m"]  # its own copy is gone
+
+    # A folder there that is not a cache (no model.safetensors) is replaced.
+    (target / "model.safetensors").unlink()
+    models._dequantise_to_cache("smollm2-135m", target)
+    assert (target / "model.safetensors").is_file()

@@ -158,14 +158,20 @@ def _dequantise_to_cache(name: str, target: Path) -> None:
         model.hf_quantizer.remove_quantization_config(model)
     target.parent.mkdir(parents=True, exist_ok=True)
     # Write into a temporary folder and rename it at the end, so that an interrupted first load
-    # never leaves a half-written cache that a later load would trust.
+    # never leaves a half-written cache that a later load would trust. Two processes may do a
+    # first load at once (parallel tests, two notebooks): whichever renames first wins, and the
+    # other keeps that complete copy rather than deleting it under the first one's feet.
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
+        if target.exists() and not (target / "model.safetensors").is_file():
+            shutil.rmtree(target)  # a folder left by something else, not a cache
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not (target / "model.safetensors").is_file():
+                raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
