@@ -59,10 +59,12 @@ book: setup
 # Tests run in parallel (pytest-xdist), one worker per core up to four, each with one torch
 # thread: a decode step barely uses a second thread (on the 2-core CI machine, 48 greedy tokens
 # took 3.4 s with two threads and 4.3 s with one), while two one-thread processes run side by side
-# at nearly full speed each. The chapters come first, so that the long notebooks start at once and
-# the short tests fill in at the end; the book is built in a second call, once every chapter has
-# run (test_book.py checks that each executed copy is newer than the start of the first call).
-PARALLEL := -n auto --maxprocesses=4
+# at nearly full speed each. The chapters come first and are handed out one or two at a time
+# (--maxschedchunk=1; by default the first worker would get them all in its first chunk), so the
+# long notebooks start at once on every worker and the short tests fill in at the end. The book
+# is built in a second call, once every chapter has run (test_book.py checks that each executed
+# copy is newer than the start of the first call).
+PARALLEL := -n auto --maxprocesses=4 --maxschedchunk=1
 ONE_THREAD := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 test: setup
