@@ -102,7 +102,6 @@ def test_a_second_first_load_keeps_the_cache_the_first_one_wrote(monkeypatch, tm
 
     class Saved:
         pad_token_id = eos_token_id = None
-        config = None
 
         def __init__(self, text):
             self.text = text

@@ -101,7 +101,7 @@ def load(name: str = "smollm2-135m", device: torch.device | str | None = None, d
     else:
         _known(name)
         cached = cache_dir() / name
-        from_cache = (cached / "model.safetensors").is_file()
+        from_cache = is_complete_cache(cached)
         if not from_cache:
             _dequantise_to_cache(name, cached)
         tokenizer = AutoTokenizer.from_pretrained(cached)
@@ -135,6 +135,11 @@ def next_token_logits(model, tokenizer, prompt, chat: bool = False) -> torch.Ten
     return model(ids.to(model.device)).logits[0, -1].float()
 
 
+def is_complete_cache(folder: Path) -> bool:
+    """Whether ``folder`` is a finished cache: the writer renames a whole folder into place, weights included."""
+    return (folder / "model.safetensors").is_file()
+
+
 def _dequantise_to_cache(name: str, target: Path) -> None:
     """Read the GGUF file once and save the dense float32 model and tokenizer at ``target``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -165,12 +170,12 @@ def _dequantise_to_cache(name: str, target: Path) -> None:
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        if target.exists() and not (target / "model.safetensors").is_file():
+        if target.exists() and not is_complete_cache(target):
             shutil.rmtree(target)  # a folder left by something else, not a cache
         try:
             tmp.rename(target)
         except OSError:
-            if not (target / "model.safetensors").is_file():
+            if not is_complete_cache(target):
                 raise
     finally:
         if tmp.exists():
