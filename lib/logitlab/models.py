@@ -136,7 +136,7 @@ def next_token_logits(model, tokenizer, prompt, chat: bool = False) -> torch.Ten
 
 
 def is_complete_cache(folder: Path) -> bool:
-    """Whether ``folder`` is a finished cache: the writer renames a whole folder into place, weights included."""
+    """Whether ``folder`` is a finished cache (its writer renames the whole folder into place)."""
     return (folder / "model.safetensors").is_file()
 
 
