@@ -10,10 +10,8 @@ from pathlib import Path
 import nbformat
 import pytest
 import yaml
-from nbclient import NotebookClient
-from nbclient.exceptions import CellExecutionError
 
-from logitlab.assignments import make_student_notebook
+from logitlab.assignments import PLACEHOLDER, make_student_notebook, strip_code_solutions
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
@@ -64,16 +62,25 @@ def test_chapter_has_exercises_with_solutions_and_checks(path):
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
-def test_student_version_runs_until_its_first_exercise(path, tmp_path):
-    student = make_student_notebook(nbformat.read(path, as_version=4))
+def test_student_version_runs_like_the_chapter_until_its_first_exercise(path):
+    """The student version runs the chapter's own code up to its first exercise, and stops there.
+
+    Checked as text, not by executing it again (that took 7 minutes of every `make test`): nbmake
+    executes the chapter, the code cells before the first exercise are the chapter's cells
+    unchanged, and the first exercise is the chapter's cell with its answer replaced by the
+    placeholder, followed by the check that calls it. That a placeholder under a check stops a
+    notebook with NotImplementedError in that cell is executed in test_assignments.py."""
+    chapter = nbformat.read(path, as_version=4)
+    student = make_student_notebook(chapter)
     text = "\n".join(c.source for c in student.cells)
     assert "# BEGIN SOLUTION" not in text and "{solution}" not in text
-    first_exercise = next(
-        i for i, c in enumerate(student.cells) if c.cell_type == "code" and "raise NotImplementedError" in c.source
-    )
-    client = NotebookClient(student, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
-    with pytest.raises(CellExecutionError) as error:
-        client.execute()
-    assert error.value.ename == "NotImplementedError"
-    failed = [i for i, c in enumerate(student.cells) if c.cell_type == "code" and any(o.get("output_type") == "error" for o in c.outputs)]
-    assert failed == [first_exercise]
+
+    def code(nb):
+        return [c.source for c in nb.cells if c.cell_type == "code"]
+
+    ours, theirs = code(chapter), code(student)
+    first = next(i for i, source in enumerate(theirs) if PLACEHOLDER in source)
+    assert theirs[:first] == ours[:first], "a cell before the first exercise differs from the chapter's"
+    stub, _ = strip_code_solutions(ours[first])
+    assert theirs[first] == stub
+    assert "ll.checks.check_" in stub.split(PLACEHOLDER)[-1], "the first exercise must end with its check call"
