@@ -142,6 +142,11 @@ def test_two_call_pass_is_exact_at_temperature_one_with_untrained_embeddings():
     assert pooled_pvalue(out.new_tokens, probs) > P_MIN
 
 
+# Runs per single-call exactness test (pass_generate takes one row, so each is a separate run).
+# Enough power: with the wrong q below, 2000 runs gave p = 3e-42 (1500 gave 9e-35), far under P_MIN.
+SINGLE_CALL_RUNS = 2000
+
+
 def single_call_samples(target, la, prefixes, n, length=5):
     g = torch.Generator().manual_seed(0)
     runs = [pass_generate(target, la, [[1, 2]], max_new_tokens=length, temperature=1.0, prefixes=prefixes,
@@ -157,7 +162,7 @@ def test_single_call_pass_is_exact_at_temperature_one_with_untrained_embeddings(
     # Drafts from the prefill and from both kinds of slot group are tested.
     target = tiny_llama(2, seed=0, vocab=4)
     la = random_lookahead(target, 2, seed=1)
-    samples, accepted = single_call_samples(target, la, prefixes, 6000)
+    samples, accepted = single_call_samples(target, la, prefixes, SINGLE_CALL_RUNS)
     assert 0 < sum(accepted) < len(accepted)
     probs = exact_llama_probs(target, [1, 2], 5, SamplingConfig(temperature=1.0))
     assert pooled_pvalue(samples, probs) > P_MIN
@@ -176,7 +181,7 @@ def test_the_single_call_exactness_test_detects_a_wrong_q(monkeypatch):
         return tokens, torch.softmax(logits.float() * 0.5, dim=-1)
 
     monkeypatch.setattr(lookahead_module, "draw", wrong_q)
-    samples, _ = single_call_samples(target, la, "all", 6000)
+    samples, _ = single_call_samples(target, la, "all", SINGLE_CALL_RUNS)
     probs = exact_llama_probs(target, [1, 2], 5, SamplingConfig(temperature=1.0))
     assert pooled_pvalue(samples, probs) < P_MIN
 
