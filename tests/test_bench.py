@@ -9,6 +9,27 @@ import torch
 from logitlab import bench, timing
 
 
+@pytest.fixture(scope="module")
+def smollm():
+    import logitlab as ll
+
+    return ll.load("smollm2-135m", device="cpu")
+
+
+@pytest.fixture
+def small(monkeypatch, smollm):
+    """The real model, with one prompt per prompt list and no warm-up round: the rows' code runs
+    whole (every contender, the calibration, the checks that the greedy tokens agree) in a
+    fraction of the time. This checks the rows, not the times."""
+    from logitlab.bench import drafting
+
+    for name in ("DRAFT_PROMPTS", "CALIBRATION", "GROUNDED", "CALIBRATION_GROUNDED", "OPEN_ENDED"):
+        monkeypatch.setattr(drafting, name, getattr(drafting, name)[:1])
+    monkeypatch.setattr(drafting, "interleaved_median_times",
+                        lambda fns, repeat=1, warmup=0: timing.interleaved_median_times(fns, repeat=1, warmup=0))
+    return smollm
+
+
 @pytest.mark.slow
 def test_bench_prints_a_table_and_writes_json(capsys, tmp_path, monkeypatch):
     from logitlab.bench import basics
@@ -27,20 +48,16 @@ def test_bench_prints_a_table_and_writes_json(capsys, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_speculative_rows_run_on_a_small_setting():
-    import logitlab as ll
-
-    model, tokenizer = ll.load("smollm2-135m", device="cpu")
+def test_speculative_rows_run_on_a_small_setting(small):
+    model, tokenizer = small
     table = bench.Table()
     bench.bench_speculative(table, model, tokenizer, new_tokens=12, gamma=3, repeat=1)
     assert len(table.rows) == 6 and all(r["seconds"] > 0 for r in table.rows)
 
 
 @pytest.mark.slow
-def test_draft_model_rows_run_on_a_small_setting():
-    import logitlab as ll
-
-    model, tokenizer = ll.load("smollm2-135m", device="cpu")
+def test_draft_model_rows_run_on_a_small_setting(small):
+    model, tokenizer = small
     table = bench.Table()
     bench.bench_draft_model(table, model, tokenizer, new_tokens=8, gammas=(1, 2), repeat=1)
     assert len(table.rows) == 5 and all(r["seconds"] > 0 for r in table.rows)
@@ -102,10 +119,8 @@ def test_forward_seconds_times_decode_and_verification_passes_on_the_toy_model()
 
 
 @pytest.mark.slow
-def test_typical_rows_run_on_a_small_setting():
-    import logitlab as ll
-
-    model, tokenizer = ll.load("smollm2-135m", device="cpu")
+def test_typical_rows_run_on_a_small_setting(small):
+    model, tokenizer = small
     table = bench.Table()
     bench.bench_typical(table, model, tokenizer, new_tokens=8, temperatures=(0.0, 1.0), repeat=1)
     assert len(table.rows) == 4 + 5 and all(r["seconds"] > 0 for r in table.rows)
@@ -113,10 +128,8 @@ def test_typical_rows_run_on_a_small_setting():
 
 
 @pytest.mark.slow
-def test_pass_rows_run_on_a_small_setting():
-    import logitlab as ll
-
-    model, tokenizer = ll.load("smollm2-135m", device="cpu")
+def test_pass_rows_run_on_a_small_setting(small):
+    model, tokenizer = small
     table = bench.Table()
     bench.bench_pass(table, model, tokenizer, new_tokens=8, ks=(1, 3), single_ks=(2,), temperatures=(0.0,), repeat=1)
     assert len(table.rows) == 1 + 2 + 2 and all(r["seconds"] > 0 for r in table.rows)
