@@ -100,7 +100,7 @@ $(LOWER_INSTALLED): pyproject.toml requirements.txt
 
 # Only the library's tests: the chapters, the student versions and the book need jupyter-book.
 # Tests marked slow (benchmark rows, long statistical runs; over ~15 s each) are left out to keep
-# this at about 4 minutes. One test is left out because its oracle, not the library, differs:
+# this at about 5 minutes on 2 cores. One test is left out because its oracle, not the library, differs:
 # transformers 4.56's RepetitionPenaltyLogitsProcessor raises on ids outside the vocabulary,
 # which transformers 5's ignores (the library ignores them under both).
 # The model cache is this venv's own: transformers 4 cannot read one that transformers 5 wrote

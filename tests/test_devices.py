@@ -251,6 +251,7 @@ def test_speculative_sampling_stays_exact_in_float32(monkeypatch, gamma):
     assert chi_square_pvalue(out.new_tokens, probs) > P_MIN
 
 
+@pytest.mark.slow
 def test_pass_stays_exact_in_float32(monkeypatch):
     from test_lookahead import pooled_pvalue, random_lookahead
     from test_speculative import P_MIN, exact_llama_probs

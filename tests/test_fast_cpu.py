@@ -67,6 +67,7 @@ def test_passes_on_a_cached_prefix_match_the_stock_model(fast, stock):
         assert torch.equal(out[0].argmax(-1), out[1].argmax(-1)), n
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prompt", ["Write a short story about a lighthouse keeper.", "List ten uses for a brick:"])
 def test_greedy_tokens_equal_the_stock_model_over_long_generations(fast, stock, prompt):
     model, tokenizer = fast

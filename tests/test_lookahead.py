@@ -297,6 +297,7 @@ def smollm():
     return ll.load("smollm2-135m", device="cpu")
 
 
+@pytest.mark.slow
 def test_shipped_embeddings_are_tiny_and_both_variants_are_greedy_on_smollm2(smollm):
     model, tok = smollm
     assert lookahead_module.PRETRAINED_LOOKAHEAD.stat().st_size < 50_000

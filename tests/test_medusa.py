@@ -164,6 +164,7 @@ def test_the_heads_read_the_hidden_state_where_the_pending_token_was_predicted(s
     assert len(drafter.seen) == len(out.accepted) > 5
 
 
+@pytest.mark.slow
 def test_shipped_heads_are_small_greedy_exact_and_beat_no_drafting(smollm):
     model, tokenizer = smollm
     assert ll.medusa.PRETRAINED_HEADS.stat().st_size <= 5e6
