@@ -134,6 +134,63 @@ def test_the_measured_fastest_kernel_is_chosen(monkeypatch):
     assert calls == ["turned", "packed", "turned", "packed", "linear"]
 
 
+def test_the_choice_is_remembered_per_machine_and_per_weights(monkeypatch, tmp_path):
+    measured = []
+    times = {k: 1.0 for k in fast_cpu.KERNELS}
+
+    def product_times(linears, kernels, rounds):
+        measured.append(len(linears))
+        return {((m.out_features, m.in_features), n): dict(times) for m in linears for n in fast_cpu.ROWS}
+
+    monkeypatch.setattr(fast_cpu, "_product_times", product_times)
+
+    def model(out=8):
+        return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, out))
+
+    times["turned"] = 0.5  # the first measurement prefers "turned" everywhere
+    first = fast_cpu.enable(model(), remember=tmp_path)
+    (file,) = (tmp_path / "fast_cpu").iterdir()
+    assert measured == [2] and set(first[8, 8].values()) == {"turned"}
+    times["turned"], times["linear"] = 1.0, 0.5  # a second measurement would prefer "linear"
+    again = model()
+    assert fast_cpu.enable(again, remember=tmp_path) == first and measured == [2]  # read, not measured
+    assert again[0].logitlab_kernels == {n: "turned" for n in fast_cpu.ROWS}
+    # Other weights, another machine (here: thread count), or a damaged file: measured again.
+    fast_cpu.enable(model(out=4), remember=tmp_path)
+    assert len(measured) == 2 and len(list((tmp_path / "fast_cpu").iterdir())) == 2
+    monkeypatch.setattr(fast_cpu, "machine", lambda: "another CPU | 1 threads | torch 2.13.0")
+    fast_cpu.enable(model(), remember=tmp_path)
+    assert len(measured) == 3 and len(list((tmp_path / "fast_cpu").iterdir())) == 3
+    monkeypatch.undo()
+    monkeypatch.setattr(fast_cpu, "_product_times", product_times)
+    for damaged in ["{not json", '{"8x8": {"1": "linear"}}', '{"8x8": 3}', "[]"]:
+        file.write_text(damaged)
+        assert set(fast_cpu.enable(model(), remember=tmp_path)[8, 8].values()) == {"linear"}
+        fast_cpu.enable(model(), remember=tmp_path)  # the file was rewritten whole: read, not measured
+        assert len(measured) == 4
+        measured.pop()
+    assert not list(tmp_path.glob("fast_cpu/*.tmp"))  # no partial file left behind
+    # A folder that cannot be written: the choice is measured and used all the same.
+    blocked = tmp_path / "a file"
+    blocked.write_text("")
+    assert set(fast_cpu.enable(model(), remember=blocked)[8, 8].values()) == {"linear"}
+
+
+def test_the_machine_names_the_cpu_threads_and_torch():
+    assert f"{torch.get_num_threads()} threads | torch {torch.__version__}" in fast_cpu.machine()
+
+
+def test_load_remembers_its_choice_in_the_cache(fast, stock, monkeypatch):
+    from logitlab.models import cache_dir
+
+    # The stock copy, given the fast path from the same cache folder, reads the choice the load made.
+    monkeypatch.setattr(fast_cpu, "_product_times", lambda *args: pytest.fail("measured again"))
+    try:
+        assert fast_cpu.enable(stock, remember=cache_dir()) == fast[0].logitlab_fast_cpu
+    finally:
+        fast_cpu.disable(stock)
+
+
 def test_without_onednn_packing_the_other_kernels_remain(monkeypatch):
     def refuse(*args):
         raise RuntimeError("no oneDNN here")

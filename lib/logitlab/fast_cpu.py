@@ -15,10 +15,15 @@ Two other ways compute the same products:
 
 Which one wins depends on the CPU, its BLAS and the number of rows, so :func:`enable` times
 every product of the model with each kernel, for 1, 2, 4, 8 and 16 rows, and keeps the
-fastest for each weight shape and row count (a few seconds, once per load). A pass over n
-rows uses the choice for the next count up; more than 16 rows (a prefill) use ``F.linear``.
-``ll.load`` calls it for models on the CPU; a model on a GPU or a Mac is left alone (their
-kernels do this already), and so is any forward that records gradients (training). Only the
+fastest for each weight shape and row count (a few seconds). A pass over n rows uses the
+choice for the next count up; more than 16 rows (a prefill) use ``F.linear``. ``ll.load`` calls
+it for models on the CPU and keeps the choice in its cache folder, one small file per machine
+(CPU, thread count, PyTorch, weight shapes), so that only the first load on a machine measures:
+later loads are quicker and choose the same kernels, hence the same logits to the last bit
+(timings a few percent apart would otherwise choose differently from one load to the next).
+Delete the file (:func:`remembered_choice` names it) to measure again. A model on a GPU or a
+Mac is left alone (their kernels do this already), and so is any forward that records gradients
+(training). Only the
 order of the additions inside each dot product changes, so the logits agree with the plain
 forward to float rounding (the tests check the same greedy tokens over long generations).
 Attention gets one change too (:func:`gqa_attention`): SmolLM2 has 9 query heads sharing 3
@@ -31,10 +36,15 @@ Switch it off with ``ll.load(..., fast=False)``, the environment variable
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
+import platform
 import statistics
 import time
 import types
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -52,22 +62,26 @@ def wanted(device) -> bool:
 
 
 @torch.inference_mode()
-def enable(model, rounds: int = 2) -> dict:
+def enable(model, rounds: int = 2, remember: str | Path | None = None) -> dict:
     """Give every ``nn.Linear`` of ``model`` the kernel measured fastest for its weight's shape
     and its number of rows.
 
     Returns (and keeps in ``model.logitlab_fast_cpu``) ``{(out_features, in_features): {rows:
     kernel}}`` for each count in :data:`ROWS`. A model that is not on the CPU is left as it is
-    (the result is empty).
+    (the result is empty). With ``remember`` (a folder), a choice saved there for this machine
+    and these weights is used instead of measuring, and a new measurement is saved there.
     """
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     if not linears or linears[0].weight.device.type != "cpu":
         return {}
     disable(model)
     kernels = ["linear", "turned"] + (["packed"] if _pack(linears) else [])
-    choice = {}
-    for (shape, n), seconds in _product_times(linears, kernels, rounds).items():
-        choice.setdefault(shape, {})[n] = min(kernels, key=lambda k: seconds[k])
+    file = None if remember is None else remembered_choice(remember, linears, kernels)
+    choice = _read_choice(file, linears, kernels) if file else None
+    if choice is None:
+        choice = _measure(linears, kernels, rounds)
+        if file:
+            _write_choice(file, choice)
     uses_packed = any("packed" in per_rows.values() for per_rows in choice.values())
     for layer in linears:
         layer.logitlab_kernels = choice[_shape(layer)]
@@ -160,6 +174,55 @@ def _product(kernel: str, layer, x: torch.Tensor) -> torch.Tensor:
     if kernel == "packed":
         return torch.ops.mkldnn._linear_pointwise(x, layer.logitlab_packed, layer.bias, "none", [None], "")
     return F.linear(x, layer.weight, layer.bias)
+
+
+def _measure(linears, kernels, rounds: int) -> dict:
+    """``{shape: {rows: kernel}}``, the fastest kernel of each shape and row count."""
+    choice = {}
+    for (shape, n), seconds in _product_times(linears, kernels, rounds).items():
+        choice.setdefault(shape, {})[n] = min(kernels, key=lambda k: seconds[k])
+    return choice
+
+
+def machine() -> str:
+    """This machine, as far as the kernels' speed goes: the CPU (name, family, model and feature
+    flags, since one name covers several generations), the thread count and PyTorch's version."""
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):  # no /proc/cpuinfo (a Mac): the processor name above
+        first = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+        fields = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in first.splitlines())}
+        cpu = " | ".join(fields.get(k, "") for k in ("model name", "cpu family", "model", "flags"))
+    return f"{cpu} | {torch.get_num_threads()} threads | torch {torch.__version__}"
+
+
+def remembered_choice(folder: str | Path, linears, kernels) -> Path:
+    """The file that keeps the kernel choice for this machine and these weights in ``folder``."""
+    key = json.dumps([machine(), sorted({_shape(m) for m in linears}), str(linears[0].weight.dtype), kernels])
+    return Path(folder) / "fast_cpu" / f"choice-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def _read_choice(file: Path, linears, kernels) -> dict | None:
+    """The saved choice, or None where there is none or it does not fit these weights."""
+    try:
+        saved = json.loads(file.read_text())
+        choice = {tuple(int(d) for d in shape.split("x")): {int(n): k for n, k in per_rows.items()}
+                  for shape, per_rows in saved.items()}
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+    fits = set(choice) == {_shape(m) for m in linears} and all(
+        set(per_rows) == set(ROWS) and set(per_rows.values()) <= set(kernels) for per_rows in choice.values())
+    return choice if fits else None
+
+
+def _write_choice(file: Path, choice: dict) -> None:
+    """Save ``choice`` atomically (two processes loading at once each write a whole file). A
+    folder that cannot be written only costs the next load a new measurement."""
+    text = json.dumps({f"{out}x{in_}": per_rows for (out, in_), per_rows in choice.items()}, indent=1)
+    with contextlib.suppress(OSError):
+        file.parent.mkdir(parents=True, exist_ok=True)
+        partial = file.with_name(f"{file.name}.{os.getpid()}.tmp")
+        partial.write_text(text)
+        os.replace(partial, file)
 
 
 def _product_times(linears, kernels, rounds: int) -> dict:

