@@ -23,9 +23,9 @@ later loads are quicker and choose the same kernels, hence the same logits to th
 (timings a few percent apart would otherwise choose differently from one load to the next).
 Delete the file (:func:`remembered_choice` names it) to measure again. A model on a GPU or a
 Mac is left alone (their kernels do this already), and so is any forward that records gradients
-(training). Only the
-order of the additions inside each dot product changes, so the logits agree with the plain
-forward to float rounding (the tests check the same greedy tokens over long generations).
+(training). Only the order of the additions inside each dot product changes, so the logits
+agree with the plain forward to float rounding (the tests check the same greedy tokens over long
+generations).
 Attention gets one change too (:func:`gqa_attention`): SmolLM2 has 9 query heads sharing 3
 key/value heads, and for a pass over several tokens Hugging Face's attention copies every
 key/value head three times before SDPA; SDPA can read them in place (``enable_gqa``).
