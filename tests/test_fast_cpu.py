@@ -170,6 +170,15 @@ def test_the_choice_is_remembered_per_machine_and_per_weights(monkeypatch, tmp_p
         assert len(measured) == 4
         measured.pop()
     assert not list(tmp_path.glob("fast_cpu/*.tmp"))  # no partial file left behind
+    # A saved choice of oneDNN kernels where packing now fails: measured again, without them.
+    file.write_text('{"8x8": {"1": "packed", "2": "packed", "4": "packed", "8": "packed", "16": "packed"}}')
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", lambda *args: (_ for _ in ()).throw(RuntimeError()))
+    again = model()
+    assert set(fast_cpu.enable(again, remember=tmp_path)[8, 8].values()) == {"linear"} and len(measured) == 4
+    assert not hasattr(again[0], "logitlab_packed")
+    measured.pop()
+    monkeypatch.undo()
+    monkeypatch.setattr(fast_cpu, "_product_times", product_times)
     # A folder that cannot be written: the choice is measured and used all the same.
     blocked = tmp_path / "a file"
     blocked.write_text("")
@@ -181,14 +190,22 @@ def test_the_machine_names_the_cpu_threads_and_torch():
 
 
 def test_load_remembers_its_choice_in_the_cache(fast, stock, monkeypatch):
+    import json
+
     from logitlab.models import cache_dir
 
-    # The stock copy, given the fast path from the same cache folder, reads the choice the load made.
+    # The load saved a choice for this machine; the stock copy, given the fast path from the same
+    # folder, reads it instead of measuring. (Compared with the file, not with `fast`: a test
+    # worker loading at the same moment may have measured and saved its own.)
+    linears = [m for m in stock.modules() if isinstance(m, torch.nn.Linear)]
+    saved = json.loads(fast_cpu.remembered_choice(cache_dir(), linears).read_text())
     monkeypatch.setattr(fast_cpu, "_product_times", lambda *args: pytest.fail("measured again"))
     try:
-        assert fast_cpu.enable(stock, remember=cache_dir()) == fast[0].logitlab_fast_cpu
+        choice = fast_cpu.enable(stock, remember=cache_dir())
     finally:
         fast_cpu.disable(stock)
+    assert {f"{out}x{in_}": {str(n): k for n, k in per_rows.items()} for (out, in_), per_rows in choice.items()} == saved
+    assert set(choice) == set(fast[0].logitlab_fast_cpu)
 
 
 def test_without_onednn_packing_the_other_kernels_remain(monkeypatch):

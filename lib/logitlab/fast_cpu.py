@@ -75,14 +75,17 @@ def enable(model, rounds: int = 2, remember: str | Path | None = None) -> dict:
     if not linears or linears[0].weight.device.type != "cpu":
         return {}
     disable(model)
-    kernels = ["linear", "turned"] + (["packed"] if _pack(linears) else [])
-    file = None if remember is None else remembered_choice(remember, linears, kernels)
-    choice = _read_choice(file, linears, kernels) if file else None
+    file = None if remember is None else remembered_choice(remember, linears)
+    choice = _read_choice(file, linears) if file else None
+    # Packed copies of the weights only where a saved choice uses them (or to measure them).
+    if choice is not None and _uses_packed(choice) and not _pack(linears):
+        choice = None  # saved where oneDNN packing worked: measure again without it
     if choice is None:
+        kernels = ["linear", "turned"] + (["packed"] if _pack(linears) else [])
         choice = _measure(linears, kernels, rounds)
         if file:
             _write_choice(file, choice)
-    uses_packed = any("packed" in per_rows.values() for per_rows in choice.values())
+    uses_packed = _uses_packed(choice)
     for layer in linears:
         layer.logitlab_kernels = choice[_shape(layer)]
         layer.forward = types.MethodType(_forward, layer)
@@ -184,24 +187,35 @@ def _measure(linears, kernels, rounds: int) -> dict:
     return choice
 
 
+def _uses_packed(choice: dict) -> bool:
+    return any("packed" in per_rows.values() for per_rows in choice.values())
+
+
+def cpu_info() -> dict:
+    """The first processor's fields in ``/proc/cpuinfo`` (empty where there is none: a Mac)."""
+    try:
+        first = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    except OSError:
+        return {}
+    return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in first.splitlines())}
+
+
 def machine() -> str:
     """This machine, as far as the kernels' speed goes: the CPU (name, family, model and feature
     flags, since one name covers several generations), the thread count and PyTorch's version."""
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):  # no /proc/cpuinfo (a Mac): the processor name above
-        first = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
-        fields = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in first.splitlines())}
-        cpu = " | ".join(fields.get(k, "") for k in ("model name", "cpu family", "model", "flags"))
+    info = cpu_info()
+    cpu = " | ".join(info.get(k, "") for k in ("model name", "cpu family", "model", "flags")) if info else (
+        platform.processor() or platform.machine())
     return f"{cpu} | {torch.get_num_threads()} threads | torch {torch.__version__}"
 
 
-def remembered_choice(folder: str | Path, linears, kernels) -> Path:
+def remembered_choice(folder: str | Path, linears) -> Path:
     """The file that keeps the kernel choice for this machine and these weights in ``folder``."""
-    key = json.dumps([machine(), sorted({_shape(m) for m in linears}), str(linears[0].weight.dtype), kernels])
+    key = json.dumps([machine(), sorted({_shape(m) for m in linears}), str(linears[0].weight.dtype)])
     return Path(folder) / "fast_cpu" / f"choice-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
-def _read_choice(file: Path, linears, kernels) -> dict | None:
+def _read_choice(file: Path, linears) -> dict | None:
     """The saved choice, or None where there is none or it does not fit these weights."""
     try:
         saved = json.loads(file.read_text())
@@ -210,7 +224,7 @@ def _read_choice(file: Path, linears, kernels) -> dict | None:
     except (OSError, ValueError, AttributeError, TypeError):
         return None
     fits = set(choice) == {_shape(m) for m in linears} and all(
-        set(per_rows) == set(ROWS) and set(per_rows.values()) <= set(kernels) for per_rows in choice.values())
+        set(per_rows) == set(ROWS) and set(per_rows.values()) <= set(KERNELS) for per_rows in choice.values())
     return choice if fits else None
 
 

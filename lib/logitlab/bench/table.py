@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import platform
 
+from ..fast_cpu import cpu_info
+
 
 class Table:
     """Rows of (what, seconds, ratio, what the ratio is against)."""
@@ -33,10 +35,4 @@ class Table:
 
 def cpu_name() -> str:
     """The processor's model name where Linux tells it, else the architecture."""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
+    return cpu_info().get("model name") or platform.machine()
