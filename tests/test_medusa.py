@@ -2,13 +2,17 @@
 the loop hands them, exactness of the chain under rejection sampling, greedy equality of the
 chain and of the tree, and the shipped heads on SmolLM2."""
 
+from collections import Counter
+
 import pytest
 import torch
+from scipy.stats import chisquare
 from test_speculative import P_MIN, chi_square_pvalue, exact_llama_probs, tiny_llama
 
 import logitlab as ll
 from logitlab.drafters import MedusaDrafter
-from logitlab.medusa import MedusaHeads, cartesian_tree, load_heads, medusa_generate, save_heads
+from logitlab.medusa import MedusaHeads, load_heads, medusa_generate, save_heads
+from logitlab.tree import cartesian_tree
 from logitlab.sampling import SamplingConfig
 from logitlab.speculative import speculative_generate
 
@@ -98,15 +102,71 @@ def test_chain_and_tree_are_greedy_at_temperature_zero_on_a_tiny_llama(branching
         assert {a[0] for a in tree.accepted} != {0}  # something was accepted
 
 
+def test_a_batch_of_trees_is_greedy_row_by_row():
+    # Rows of different lengths keep paths of different lengths in every call: the cache is
+    # compacted row by row, and any mistake there changes some row's output.
+    target = tiny_llama(2, seed=0)
+    heads = random_heads(target, 3, seed=2)
+    prompts = [[1, 2], [3, 4, 5, 1], [2], [5, 5, 4]]
+    batch = medusa_generate(target, heads, prompts, branching=(3, 2, 1), max_new_tokens=30, eos_token_id=[])
+    for prompt, got in zip(prompts, batch.new_tokens):
+        greedy = ll.generate(target, [prompt], max_new_tokens=30, temperature=0, eos_token_id=[]).new_tokens[0]
+        assert got.tolist() == greedy.tolist()
+    assert len({tuple(a) for a in batch.accepted}) > 1  # rows kept different numbers of drafts
+
+
+class SoftQOnTopK(MedusaDrafter):
+    """The tempting mistake: the heads' top tokens, handed to verification with the heads' soft
+    distributions as if they had been sampled from them."""
+
+    def propose(self, next_tokens, gamma, config, generator=None):
+        tree = super().propose(next_tokens, gamma, config, generator)
+        logits = self.heads(self.hidden)[:, : tree.depth].float()
+        heads_of_nodes = [d - 2 for d in ll.tree.depths(tree.rows()[0])[1:]]
+        tree.q = torch.softmax(logits[:, heads_of_nodes] / config.temperature, dim=-1)
+        return tree
+
+
+@pytest.mark.parametrize("proposals", ["argmax", "sample", "soft q on top-k"])
+def test_trees_under_rejection_sampling_are_exact_and_the_test_catches_the_soft_q(proposals):
+    target = tiny_llama(2, seed=0)
+    heads = random_heads(target, 2, seed=1)
+    make = SoftQOnTopK if proposals == "soft q on top-k" else MedusaDrafter
+    drafter = make(heads, proposals="sample" if proposals == "sample" else "argmax", tree=(2, 2))
+    prompt, rows, length = [1, 2], 10_000, 3
+    out = speculative_generate(target, drafter, [prompt], gamma=2, max_new_tokens=length, eos_token_id=[],
+                               num_return_sequences=rows, generator=torch.Generator().manual_seed(0))
+    assert 0.05 < out.alpha < 0.95
+    pvalue = pooled_chi_square_pvalue(out.new_tokens, exact_llama_probs(target, prompt, length, SamplingConfig()))
+    assert (pvalue < P_MIN) if proposals == "soft q on top-k" else (pvalue > P_MIN)
+
+
+def pooled_chi_square_pvalue(samples, probs, least=5):
+    """The chi-square test with the sequences expected fewer than ``least`` times pooled into one
+    cell: this target is so peaked that most sequences are expected less than once, where the
+    test's approximation fails (one sequence of expected count 1e-3 seen once gives p = 1e-40)."""
+    counts = Counter(tuple(t.tolist()) for t in samples)
+    assert set(counts) <= set(probs), "a sequence of probability 0 was generated"
+    n, total = len(samples), sum(probs.values())
+    expected = {k: n * v / total for k, v in probs.items()}
+    common = [k for k in expected if expected[k] >= least]
+    observed = [counts.get(k, 0) for k in common] + [n - sum(counts.get(k, 0) for k in common)]
+    wanted = [expected[k] for k in common] + [n - sum(expected[k] for k in common)]
+    return chisquare(observed, wanted).pvalue
+
+
 def test_tree_bad_arguments_raise():
     target = tiny_llama(2, seed=0)
     heads = random_heads(target, 2)
-    with pytest.raises(ValueError, match="TypicalAcceptance"):
-        medusa_generate(target, heads, [[1, 2]], max_new_tokens=5, temperature=1.0, branching=(2, 1))
+    class ChainOnly(ll.speculative.AcceptanceRule):
+        def __call__(self, draft_tokens, q, p, target_logits, config, generator):
+            return ll.speculative.greedy_verify(draft_tokens, target_logits)
+
+    with pytest.raises(ValueError, match="cannot verify a tree"):
+        medusa_generate(target, heads, [[1, 2]], max_new_tokens=5, temperature=1.0, branching=(2, 1),
+                        acceptance=ChainOnly())
     with pytest.raises(ValueError, match="only 2 heads"):
         medusa_generate(target, heads, [[1, 2]], max_new_tokens=5, branching=(2, 1, 1))
-    with pytest.raises(ValueError, match="one prompt"):
-        medusa_generate(target, heads, [[1, 2], [3, 4]], max_new_tokens=5, branching=(2, 1))
     with pytest.raises(ValueError, match="at least one level"):
         medusa_generate(target, heads, [[1, 2]], max_new_tokens=5, branching=())
     with pytest.raises(ValueError, match="guesses per head"):

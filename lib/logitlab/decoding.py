@@ -11,10 +11,11 @@ a clock that waits for the device):
   processed distribution) and ``draw`` (the same, with the distribution it came from, which a
   drafter hands to verification), and ``target_probs``, the distribution drafts are judged by;
 * **forward passes**: ``forward`` (optionally returning the last hidden states, which Medusa
-  heads and feature-level drafters read) and ``masked_forward``, the pass over new inputs that
-  attend to each other through a custom pattern (a token tree's mask);
+  heads and feature-level drafters read), and ``masked_forward`` and ``tree_forward`` (for a
+  batch), the passes over new inputs that attend to each other through a custom pattern (a
+  token tree's mask);
 * **the KV cache**: ``crop_cache``, ``roll_back`` (rejected drafts out of a batch's cache) and
-  ``keep_cache_positions``, the only code that shortens a cache;
+  ``keep_in_block`` (each row's kept path of a tree), the only code that shortens a cache;
 * **the result**: ``GenerationResult``, what every loop returns, and ``token_logprobs``.
 """
 
@@ -242,6 +243,18 @@ def masked_forward(model, cache, allowed: torch.Tensor, positions: torch.Tensor,
                 None if step.hidden is None else step.hidden[0])
 
 
+def tree_forward(model, cache, visible: torch.Tensor, allowed: torch.Tensor, positions: torch.Tensor,
+                 input_ids: torch.Tensor, hidden: bool = False) -> Pass:
+    """``masked_forward`` for a batch: ``n`` new inputs per row (``input_ids`` ``[B, n]``) after the
+    cached positions, which row b sees where ``visible[b]`` (``[B, past]``, the loop's 2-D attention
+    mask: 0 for padding and rejected drafts), while among the new inputs it follows ``allowed``
+    ``[B, n, n]`` (each row's tree mask). ``positions`` ``[B, n]`` are their position ids."""
+    batch, n = input_ids.shape
+    full = torch.cat([visible.bool()[:, None, :].expand(batch, n, -1), allowed.to(visible.device)], dim=-1)
+    return forward(model, cache=cache, input_ids=input_ids, attention_mask=additive_mask(full, model)[:, None],
+                   position_ids=positions, hidden=hidden)
+
+
 def additive_mask(allowed: torch.Tensor, model) -> torch.Tensor:
     """A boolean "may attend" mask as Hugging Face's 4D mask values: 0 where allowed, the dtype's
     minimum where not.
@@ -283,16 +296,22 @@ def roll_back(cache, mask: torch.Tensor, fed: int, kept: torch.Tensor) -> torch.
     return mask
 
 
-def keep_cache_positions(cache, keep: torch.Tensor) -> None:
-    """Keep only the cached positions ``keep`` (ascending indices), in every layer.
-
-    After a tree pass the cache holds every node; only the accepted path stays. Hugging Face's
-    cache API can crop the end and select batch rows, not positions, so this selects along the
-    sequence dimension of each layer's keys and values ``[batch, heads, seq, dim]``.
-    """
+def keep_in_block(cache, mask: torch.Tensor, fed: int, index: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """After a pass over ``fed`` new inputs per row (a token tree), keep in row b only the inputs
+    ``index[b, :counts[b]]`` (ascending positions inside that block): they are moved to the front
+    of the block, in that order, the rest is masked out (rows keep different numbers) and cropped
+    where no row keeps anything. ``index`` ``[B, m]``, ``m <= fed``. Returns the attention mask."""
+    start = cache.get_seq_length() - fed
+    m = index.shape[1]
     for layer in cache.layers:
-        layer.keys = layer.keys.index_select(2, keep)
-        layer.values = layer.values.index_select(2, keep)
+        for name in ("keys", "values"):
+            block = getattr(layer, name)  # [B, heads, seq, dim]
+            picked = block[:, :, start:].gather(2, index[:, None, :, None].expand(-1, block.shape[1], -1, block.shape[3]))
+            block[:, :, start:start + m] = picked
+    kept = (torch.arange(fed, device=mask.device)[None] < counts[:, None]).long()
+    mask = torch.cat([mask[:, :start], kept], dim=1)
+    crop_cache(cache, start + int(counts.max()))
+    return mask[:, :start + int(counts.max())]
 
 
 # --- The result ----------------------------------------------------------------------------------

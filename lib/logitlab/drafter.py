@@ -13,7 +13,38 @@ only by how often its proposals are accepted and by what it costs.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+from .tree import depths
+
+
+@dataclass
+class DraftTree:
+    """What ``propose`` returns for a *tree* of drafts instead of a chain: several candidates for
+    one place, all verified in one target pass (chapter 9).
+
+    ``tokens`` ``[B, n]``: the drafted nodes of each row. ``parents``: the parent of each node, a
+    list of n indices (the same tree for every row) or a LongTensor ``[B, n]``; -1 is the pending
+    token (the tree's root), and every parent comes before its children. ``q``: ``[B, n, V]``, the
+    distribution each node was drawn from given the tree drafted before it, or None when every node
+    was chosen deterministically (a drafter's top-k: each ``q`` a point mass on its own token).
+    ``depth`` is the number of levels (the most drafts one call can keep).
+    """
+
+    tokens: torch.Tensor
+    parents: list[int] | torch.Tensor
+    q: torch.Tensor | None = None
+
+    def rows(self) -> list[list[int]]:
+        """Each row's parents, with the root as node 0 (``logitlab.tree_verification``'s form)."""
+        per_row = self.parents.tolist() if isinstance(self.parents, torch.Tensor) else [list(self.parents)] * len(self.tokens)
+        return [[-1] + [a + 1 for a in row] for row in per_row]
+
+    @property
+    def depth(self) -> int:
+        return max(max(depths(row)) - 1 for row in self.rows())  # the root has depth 1 there
 
 
 class Drafter:
@@ -38,8 +69,10 @@ class Drafter:
     def propose(self, next_tokens: torch.Tensor, gamma: int, config, generator=None):
         """``next_tokens`` ``[B]``: the token the target has just produced for each row, not yet
         in its cache. Returns ``(tokens [B, g], q [B, g, V])`` with ``0 <= g <= gamma`` (the same
-        for every row; ``g = 0`` means no proposal, and the call gives the target's own token): the proposals and the distribution each was drawn from (one-hot for a
-        deterministic proposal). ``config`` is the loop's ``SamplingConfig``."""
+        for every row; ``g = 0`` means no proposal, and the call gives the target's own token):
+        the proposals and the distribution each was drawn from (one-hot for a deterministic
+        proposal). A drafter may return a ``DraftTree`` of depth at most ``gamma`` instead.
+        ``config`` is the loop's ``SamplingConfig``."""
         raise NotImplementedError
 
     def observe(self, hidden: torch.Tensor) -> None:

@@ -37,10 +37,13 @@ import torch
 
 from ._validate import check_generator, check_probs
 from .decoding import (GenerationResult, check_body_and_head, check_counts, check_model, choose, decode_texts, eos_ids,
-                       forward, prompt_batch, roll_back, target_probs, token_logprobs, vocab_size)
+                       forward, keep_in_block, prompt_batch, roll_back, target_probs, token_logprobs, tree_forward,
+                       vocab_size)
 from .devices import exact_dtype, model_device, now
-from .drafter import check_drafter
+from .drafter import DraftTree, check_drafter
 from .sampling import SamplingConfig, inverse_transform
+from .tree import depths, tree_attention_mask
+from .tree_verification import greedy_tree, verify_tree
 
 
 # --- Theory ------------------------------------------------------------------------------------
@@ -161,14 +164,25 @@ class AcceptanceRule:
     def first_token(self, logits: torch.Tensor, config: SamplingConfig, generator=None) -> torch.Tensor:
         return choose(logits, config, generator)
 
+    def tree(self, parents, tokens, q, p, target_logits, config, generator) -> tuple[list[int], torch.Tensor]:
+        """One row's tree (``logitlab.tree_verification``'s form: node 0 the pending token, ``q``
+        ``[n, V]`` or None, ``p`` ``[n, V]`` or None at T = 0): ``(path, next_token)``."""
+        raise ValueError(f"acceptance: {type(self).__name__} cannot verify a tree of drafts")
+
 
 class RejectionSampling(AcceptanceRule):
-    """The acceptance rule of speculative sampling: exact at every temperature."""
+    """The acceptance rule of speculative sampling: exact at every temperature, for chains and
+    for trees (recursive rejection sampling, ``logitlab.tree_verification``)."""
 
     def __call__(self, draft_tokens, q, p, target_logits, config, generator):
         if config.temperature == 0:
             return greedy_verify(draft_tokens, target_logits)
         return verify(draft_tokens, q, p, generator)
+
+    def tree(self, parents, tokens, q, p, target_logits, config, generator):
+        if config.temperature == 0:
+            return greedy_tree(parents, tokens, target_logits)
+        return verify_tree(parents, tokens, q, p, generator)
 
 
 class GreedyMatching(AcceptanceRule):
@@ -176,6 +190,9 @@ class GreedyMatching(AcceptanceRule):
 
     def __call__(self, draft_tokens, q, p, target_logits, config, generator):
         return greedy_verify(draft_tokens, target_logits)
+
+    def tree(self, parents, tokens, q, p, target_logits, config, generator):
+        return greedy_tree(parents, tokens, target_logits)
 
 
 def _check_verify_shapes(draft_tokens, q, p):
@@ -333,6 +350,27 @@ class _Target:
         self.cache, self.states = step.cache, step.hidden
         return step.logits
 
+    def score_tree(self, tokens: torch.Tensor, rows: list[list[int]]) -> torch.Tensor:
+        """One pass over each row's tree (``tokens`` ``[B, n]``, the pending token as node 0, and
+        the rows' parents), each node seeing its ancestors only: the logits ``[B, n, V]``."""
+        device = tokens.device
+        shapes = {tuple(parents): (tree_attention_mask(parents), depths(parents)) for parents in map(tuple, rows)}
+        allowed = torch.stack([shapes[tuple(parents)][0] for parents in rows]).to(device)
+        depth = torch.tensor([shapes[tuple(parents)][1] for parents in rows], device=device)  # the root: 1
+        positions = self.mask.sum(dim=-1, keepdim=True) + depth - 1
+        step = tree_forward(self.model, self.cache, self.mask, allowed, positions, tokens, hidden=self.hidden)
+        self.mask = torch.cat([self.mask, self.mask.new_ones(tokens.shape)], dim=1)
+        self.cache, self.states = step.cache, step.hidden
+        return step.logits
+
+    def keep_paths(self, fed: int, index: torch.Tensor, counts: torch.Tensor) -> None:
+        """After a tree pass over ``fed`` nodes, row b keeps ``index[b, :counts[b]]`` (its path,
+        root first): moved to the front of the block, the other nodes dropped."""
+        self.mask = keep_in_block(self.cache, self.mask, fed, index, counts)
+        if self.hidden:  # the state where the next token was predicted: the path's last node
+            rows = torch.arange(len(counts), device=counts.device)
+            self.drafter.observe(self.states[rows, index[rows, counts - 1]])
+
     def rollback(self, num: torch.Tensor, g: int) -> None:
         """The cache holds the pending token and all g drafts: rejected drafts are masked out, like
         left padding (rows keep different numbers), and cropped where no row keeps them."""
@@ -422,20 +460,25 @@ def _call(side, drafter, acceptance, pending, gamma, config, generator, out, act
     Returns each row's new pending token."""
     device = pending.device
     t0 = now(device)
-    drafts, q = drafter.propose(pending, gamma, config, generator)
+    proposal = drafter.propose(pending, gamma, config, generator)
     t1 = now(device)
-    logits = side.score(pending, drafts)  # [B, g + 1, V]
-    g = drafts.shape[1]
-    p = target_probs(logits, config)
-    if g == 0:  # nothing proposed: the call gives the target's own token
-        num = torch.zeros(len(pending), dtype=torch.long, device=device)
-        nxt = acceptance.first_token(logits[:, 0], config, generator)
+    if isinstance(proposal, DraftTree):
+        num, nxt = _tree_call(side, acceptance, pending, proposal, config, generator, out, active)
+        g = proposal.depth
     else:
-        num, nxt = acceptance(drafts, q, p, logits, config, generator)
-    # The kept drafts, then the next token at position num: what each row emits, num + 1 tokens.
-    emitted = torch.cat([drafts, nxt[:, None]], dim=1).scatter(1, num[:, None], nxt[:, None])
-    out.add(active, emitted, logits, p, (num + 1).tolist())
-    side.rollback(num, g)
+        drafts, q = proposal
+        logits = side.score(pending, drafts)  # [B, g + 1, V]
+        g = drafts.shape[1]
+        p = target_probs(logits, config)
+        if g == 0:  # nothing proposed: the call gives the target's own token
+            num = torch.zeros(len(pending), dtype=torch.long, device=device)
+            nxt = acceptance.first_token(logits[:, 0], config, generator)
+        else:
+            num, nxt = acceptance(drafts, q, p, logits, config, generator)
+        # The kept drafts, then the next token at position num: what each row emits, num + 1 tokens.
+        emitted = torch.cat([drafts, nxt[:, None]], dim=1).scatter(1, num[:, None], nxt[:, None])
+        out.add(active, emitted, logits, p, (num + 1).tolist())
+        side.rollback(num, g)
     drafter.rollback(num)
     t2 = now(device)
     stats["model_calls"] += 1
@@ -445,6 +488,32 @@ def _call(side, drafter, acceptance, pending, gamma, config, generator, out, act
     stats["verify_seconds"] += t2 - t1
     stats["step_seconds"].append(t2 - t0)
     return nxt
+
+
+def _tree_call(side, acceptance, pending, tree, config, generator, out, active):
+    """The verification of a ``DraftTree``: one target pass over every row's tree, each row's path
+    chosen by ``acceptance.tree``, the cache compacted to the paths. Returns ``(num, next)``."""
+    rows = tree.rows()
+    tokens = torch.cat([pending[:, None], tree.tokens], dim=1)  # [B, n + 1]: the root first
+    logits = side.score_tree(tokens, rows)  # [B, n + 1, V]: the target after each node
+    p = target_probs(logits, config)
+    q = None if tree.q is None else torch.cat([tree.q[:, :1], tree.q], dim=1)  # the root's row is not used
+    paths, nxt = [], []
+    for b, parents in enumerate(rows):
+        path, token = acceptance.tree(parents, tokens[b], None if q is None else q[b], None if p is None else p[b],
+                                      logits[b], config, generator)
+        paths.append(path)
+        nxt.append(token.reshape(()))
+    nxt, counts = torch.stack(nxt), torch.tensor([len(path) for path in paths], device=pending.device)
+    width = int(counts.max())
+    index = torch.tensor([path + [path[-1]] * (width - len(path)) for path in paths], device=pending.device)
+    # Each row emits its path's drafts and then the next token: len(path) tokens.
+    emitted = torch.cat([tokens.gather(1, index)[:, 1:], nxt[:, None]], dim=1).scatter(1, counts[:, None] - 1,
+                                                                                          nxt[:, None])
+    on_path = index[..., None].expand(-1, -1, logits.shape[-1])
+    out.add(active, emitted, logits.gather(1, on_path), None if p is None else p.gather(1, on_path), counts.tolist())
+    side.keep_paths(tokens.shape[1], index, counts)
+    return counts - 1, nxt
 
 
 def check_gamma(gamma) -> int:

@@ -294,6 +294,23 @@ def _draw_children(logits, k: int, config: SamplingConfig, with_replacement: boo
     return children, log_softmax(processed).gather(-1, children), raw.gather(-1, children)
 
 
+def cartesian_tree(branching) -> list[int]:
+    """Parents of the tree with a root (the pending token) and ``branching[d]`` children under
+    every node of depth d + 1: the top tokens of head d + 1 under each path of the heads before."""
+    if (not isinstance(branching, (tuple, list))
+            or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in branching)):
+        raise ValueError(f"branching must be a tuple of integers >= 1, got {branching!r}")
+    parents, level = [-1], [0]  # () gives the root alone
+    for b in branching:
+        nxt = []
+        for node in level:
+            for _ in range(b):
+                parents.append(node)
+                nxt.append(len(parents) - 1)
+        level = nxt
+    return parents
+
+
 # --- Argument checks ---------------------------------------------------------------------------
 
 

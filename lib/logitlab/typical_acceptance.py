@@ -33,6 +33,7 @@ from .devices import exact_dtype, model_device
 from .probs import softmax
 from .sampling import inverse_transform, process_logits
 from .speculative import AcceptanceRule, greedy_verify, speculative_generate
+from .tree_verification import check_tree, deepest_path, greedy_tree
 
 
 def _check_epsilon_delta(epsilon, delta):
@@ -100,6 +101,18 @@ class TypicalAcceptance(AcceptanceRule):
         num = typical_accept(draft_tokens, p, self.epsilon, self.delta)
         after = p[torch.arange(len(num), device=p.device), num]  # [B, V]: the target after the kept drafts
         return num, self.next_from(after, generator)
+
+    def tree(self, parents, tokens, q, p, target_logits, config, generator):
+        """A tree (Medusa's way): each node judged by the typical bar of its parent's ``p``; the
+        deepest node that passes with all its ancestors wins, and the next token follows it."""
+        if config.temperature == 0:
+            return greedy_tree(parents, tokens, target_logits)
+        check_tree(parents, tokens, p, "p")
+        above = torch.tensor(parents[1:], device=p.device)
+        bar = typical_threshold(p[above], self.epsilon, self.delta)
+        passes = p[above].gather(-1, tokens[1:, None]).squeeze(-1).to(bar.dtype) > bar
+        path = deepest_path(parents, [True] + passes.tolist())
+        return path, self.next_from(p[path[-1]][None], generator)[0]
 
     def first_token(self, logits, config, generator=None) -> torch.Tensor:
         """The token after an empty prefix (the very first one), chosen as after any kept prefix,
