@@ -8,8 +8,8 @@
 Each module follows a chapter of the book and says which one.
 """
 
-from . import (checks, decoding, devices, drafter, drafters, fast_cpu, lookahead, medusa, metrics, penalties, processors,
-               speculative, tree, training, typical_acceptance, viz)
+from . import (checks, decoding, devices, drafter, drafters, eagle, fast_cpu, lookahead, medusa, metrics, penalties,
+               processors, speculative, tree, tree_verification, training, typical_acceptance, viz)
 from .decoding import GenerationResult
 from .devices import generator
 from .models import device, load, next_token_logits, toy_bigram, toy_model
@@ -34,6 +34,7 @@ __all__ = [
     "penalties",
     "processors",
     "drafters",
+    "eagle",
     "lookahead",
     "medusa",
     "speculative",
@@ -43,6 +44,7 @@ __all__ = [
     "TypicalAcceptance",
     "typical_accept",
     "tree",
+    "tree_verification",
     "viz",
     "apply_temperature",
     "beam_search",

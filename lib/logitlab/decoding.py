@@ -244,15 +244,19 @@ def masked_forward(model, cache, allowed: torch.Tensor, positions: torch.Tensor,
 
 
 def tree_forward(model, cache, visible: torch.Tensor, allowed: torch.Tensor, positions: torch.Tensor,
-                 input_ids: torch.Tensor, hidden: bool = False) -> Pass:
-    """``masked_forward`` for a batch: ``n`` new inputs per row (``input_ids`` ``[B, n]``) after the
-    cached positions, which row b sees where ``visible[b]`` (``[B, past]``, the loop's 2-D attention
-    mask: 0 for padding and rejected drafts), while among the new inputs it follows ``allowed``
-    ``[B, n, n]`` (each row's tree mask). ``positions`` ``[B, n]`` are their position ids."""
-    batch, n = input_ids.shape
-    full = torch.cat([visible.bool()[:, None, :].expand(batch, n, -1), allowed.to(visible.device)], dim=-1)
-    return forward(model, cache=cache, input_ids=input_ids, attention_mask=additive_mask(full, model)[:, None],
-                   position_ids=positions, hidden=hidden)
+                 input_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
+                 hidden: bool = False, scores: bool = True) -> Pass:
+    """``masked_forward`` for a batch: ``n`` new inputs per row (``input_ids`` ``[B, n]``, or
+    ``inputs_embeds`` ``[B, n, d]``) after the cached positions, which row b sees where
+    ``visible[b]`` says (``[B, past]``, the loop's 2-D attention mask: 0 for padding and rejected
+    drafts; or ``[B, n, past]``, one row per new input), while among the new inputs it follows
+    ``allowed`` ``[B, n, n]`` (each row's tree mask). ``positions`` ``[B, n]`` are their position ids."""
+    batch, n = allowed.shape[:2]
+    if visible.dim() == 2:
+        visible = visible[:, None, :].expand(batch, n, -1)
+    full = torch.cat([visible.bool(), allowed.to(visible.device)], dim=-1)
+    return forward(model, cache=cache, input_ids=input_ids, inputs_embeds=inputs_embeds, position_ids=positions,
+                   attention_mask=additive_mask(full, model)[:, None], hidden=hidden, scores=scores)
 
 
 def additive_mask(allowed: torch.Tensor, model) -> torch.Tensor:

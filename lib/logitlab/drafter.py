@@ -79,6 +79,13 @@ class Drafter:
         """The target's last hidden state ``[B, H]`` where it predicted ``next_tokens`` (only
         called when ``reads_hidden_state``)."""
 
+    def observe_states(self, states: torch.Tensor, tokens: torch.Tensor, kept: torch.Tensor) -> None:
+        """(Only called when ``reads_hidden_state``.) Every position the target has just kept:
+        its last hidden states ``[B, m, H]`` there, the tokens at those positions ``[B, m]`` and
+        which of them row b kept ``[B, m]`` (after the prefill: the prompts and their attention
+        mask; after a call: the pending token and the accepted drafts). A feature-level drafter
+        (chapter 9) reads the whole history; Medusa heads need only the last (``observe``)."""
+
     def rollback(self, num_accepted: torch.Tensor) -> None:
         """The target kept the first ``num_accepted[b]`` proposals of row b."""
 

@@ -338,6 +338,7 @@ class _Target:
         self.drafter.start(ids, mask, self.model, self.cache)
         if self.hidden:
             self.drafter.observe(step.hidden[:, -1])
+            self.drafter.observe_states(step.hidden, ids, mask)
         return step.logits[:, -1]
 
     def score(self, pending, drafts) -> torch.Tensor:
@@ -345,8 +346,9 @@ class _Target:
         g = drafts.shape[1]
         self.mask = torch.cat([self.mask, self.mask.new_ones(len(drafts), g + 1)], dim=1)
         positions = (self.mask.cumsum(dim=-1) - 1)[:, -(g + 1):]
-        step = forward(self.model, input_ids=torch.cat([pending[:, None], drafts], dim=1), attention_mask=self.mask,
-                       position_ids=positions, cache=self.cache, hidden=self.hidden)
+        self.fed = torch.cat([pending[:, None], drafts], dim=1)
+        step = forward(self.model, input_ids=self.fed, attention_mask=self.mask, position_ids=positions,
+                       cache=self.cache, hidden=self.hidden)
         self.cache, self.states = step.cache, step.hidden
         return step.logits
 
@@ -360,23 +362,32 @@ class _Target:
         positions = self.mask.sum(dim=-1, keepdim=True) + depth - 1
         step = tree_forward(self.model, self.cache, self.mask, allowed, positions, tokens, hidden=self.hidden)
         self.mask = torch.cat([self.mask, self.mask.new_ones(tokens.shape)], dim=1)
-        self.cache, self.states = step.cache, step.hidden
+        self.cache, self.states, self.fed = step.cache, step.hidden, tokens
         return step.logits
 
     def keep_paths(self, fed: int, index: torch.Tensor, counts: torch.Tensor) -> None:
         """After a tree pass over ``fed`` nodes, row b keeps ``index[b, :counts[b]]`` (its path,
         root first): moved to the front of the block, the other nodes dropped."""
         self.mask = keep_in_block(self.cache, self.mask, fed, index, counts)
-        if self.hidden:  # the state where the next token was predicted: the path's last node
-            rows = torch.arange(len(counts), device=counts.device)
-            self.drafter.observe(self.states[rows, index[rows, counts - 1]])
+        if self.hidden:
+            self.show_drafter(index, counts)
+
+    def show_drafter(self, index: torch.Tensor, counts: torch.Tensor) -> None:
+        """Hand the drafter the states of the positions row b kept, ``index[b, :counts[b]]`` of the
+        last pass: the last one (``observe``: where the next token was predicted) and all of them."""
+        states = self.states.gather(1, index[..., None].expand(-1, -1, self.states.shape[-1]))
+        rows = torch.arange(len(counts), device=counts.device)
+        self.drafter.observe(states[rows, counts - 1])
+        kept = torch.arange(index.shape[1], device=counts.device)[None] < counts[:, None]
+        self.drafter.observe_states(states, self.fed.gather(1, index), kept.long())
 
     def rollback(self, num: torch.Tensor, g: int) -> None:
         """The cache holds the pending token and all g drafts: rejected drafts are masked out, like
         left padding (rows keep different numbers), and cropped where no row keeps them."""
         self.mask = roll_back(self.cache, self.mask, g, num)
-        if self.hidden:  # the state where the next token was predicted: after the last kept draft
-            self.drafter.observe(self.states[torch.arange(len(num), device=num.device), num])
+        if self.hidden:  # the pending token and the kept drafts: the first num + 1 positions
+            index = torch.arange(g + 1, device=num.device).expand(len(num), -1)
+            self.show_drafter(index, num + 1)
 
     def select_rows(self, keep: torch.Tensor) -> None:
         self.cache.batch_select_indices(keep)

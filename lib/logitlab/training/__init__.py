@@ -6,6 +6,7 @@
 * ``medusa``: the Medusa heads of chapter 7 (``python -m logitlab.training.medusa``).
 * ``lookahead``: the PaSS look-ahead embeddings of chapter 8
   (``python -m logitlab.training.lookahead``); ``train_lookahead`` also runs in the chapter.
+* ``eagle``: the feature-level (EAGLE) drafter of chapter 9 (``python -m logitlab.training.eagle``).
 
 Each module's docstring holds the exact command that made the shipped file, and why the
 drafter is built the way it is.
@@ -13,7 +14,7 @@ drafter is built the way it is.
 
 import importlib
 
-__all__ = ["data", "draft", "lookahead", "medusa"]
+__all__ = ["data", "draft", "eagle", "lookahead", "medusa"]
 
 
 def __getattr__(name):

@@ -178,6 +178,26 @@ def load_or_make_data(model, tok, path: str | None, seconds: float, prompts=None
 
 
 
+def cached(path: str | None, compute):
+    """What ``torch.load(path)`` gives if that file exists; else ``compute()``, saved there when a
+    path is given (the trainers' target states, which take minutes to compute)."""
+    if path and os.path.exists(path):
+        return torch.load(path)
+    result = compute()
+    if path:
+        torch.save(result, path)
+    return result
+
+
+def split_held_out(data, prompts: list[list[int]], every: int) -> tuple[list, list]:
+    """``(training rows, held-out rows)``: every row of every ``every``-th prompt is held out. A
+    random split of rows would measure memory, not prediction: the same prompt's greedy
+    continuation repeats in the data."""
+    held_prompts = {tuple(p) for p in prompts[::every]}
+    held = [r for r in data if tuple(r[0][: r[1]].tolist()) in held_prompts]
+    return [r for r in data if tuple(r[0][: r[1]].tolist()) not in held_prompts], held
+
+
 def choose_vocabulary(data, vocab_size: int, size: int) -> torch.Tensor:
     """The ``size`` tokens to which the target gives the most probability mass over the
     training data (its top-k distribution at every recorded position), as sorted ids."""

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from ..decoding import additive_mask, check_body_and_head
 from ..lookahead import LookaheadEmbeddings, check_lookahead, load_lookahead, save_lookahead, training_curve
 from ..tree import tree_attention_mask, tree_position_ids
-from .data import load_or_make_data, prompt_ids, varied_prompts
+from .data import load_or_make_data, prompt_ids, split_held_out, varied_prompts
 
 
 def training_layout(length: int, starts: list[int], k: int) -> list[int]:
@@ -246,9 +246,8 @@ def main(argv=None):
     data = load_or_make_data(model, tok, args.data, args.gen_seconds, prompts=varied_prompts(tok))
     for path in args.also:
         data += torch.load(path)
-    held_prompts = {tuple(p) for p in (varied_prompts(tok) + prompt_ids(tok))[:: args.held_out_every]}
-    held = [r for r in data if tuple(r[0][: r[1]].tolist()) in held_prompts][:48]
-    data = [r for r in data if tuple(r[0][: r[1]].tolist()) not in held_prompts]
+    data, held = split_held_out(data, varied_prompts(tok) + prompt_ids(tok), args.held_out_every)
+    held = held[:48]
     print(f"{len(data)} training rows, {sum(len(r[2]) for r in data)} new tokens; {len(held)} held-out rows")
     t0 = time.perf_counter()
     start, before = None, []

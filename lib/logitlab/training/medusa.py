@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from ..medusa import MedusaHeads, save_heads
-from .data import choose_vocabulary, load_or_make_data, new_token_states, prompt_ids, varied_prompts
+from .data import cached, choose_vocabulary, load_or_make_data, new_token_states, prompt_ids, split_held_out, varied_prompts
 
 
 @torch.inference_mode()
@@ -149,19 +149,10 @@ def main(argv=None):
     data = load_or_make_data(model, tok, args.data, args.gen_seconds, prompts=varied_prompts(tok))
     for path in args.also:
         data += torch.load(path)
-    # Hold out every row of the last few prompts: the same prompt's greedy continuation repeats
-    # in the data, so a random split would measure memory, not prediction.
-    held_prompts = {tuple(p) for p in (varied_prompts(tok) + prompt_ids(tok))[:: args.held_out_every]}
-    held = [r for r in data if tuple(r[0][: r[1]].tolist()) in held_prompts]
-    data = [r for r in data if tuple(r[0][: r[1]].tolist()) not in held_prompts]
+    data, held = split_held_out(data, varied_prompts(tok) + prompt_ids(tok), args.held_out_every)
     vocab = choose_vocabulary(data, model.config.vocab_size, args.vocab)
     t0 = time.perf_counter()
-    if args.hidden and os.path.exists(args.hidden):
-        states, held_states = torch.load(args.hidden)
-    else:
-        states, held_states = hidden_states(model, data), hidden_states(model, held)
-        if args.hidden:
-            torch.save((states, held_states), args.hidden)
+    states, held_states = cached(args.hidden, lambda: (hidden_states(model, data), hidden_states(model, held)))
     train_t = training_tensors(data, states, vocab, model.config.vocab_size, args.heads)
     held_t = training_tensors(held, held_states, vocab, model.config.vocab_size, args.heads)
     print(f"hidden states of {len(train_t[0])} positions ({len(held_t[0])} held out) in "

@@ -1,0 +1,221 @@
+"""Train the feature-level (EAGLE) drafter for SmolLM2-135M, for chapter 9.
+
+The shipped drafter (``ll.eagle.load_drafter``) was made with
+
+    python -m logitlab.training.eagle --gen-seconds 900 --data eagle_data.pt --steps 1200 \
+        --out eagle.safetensors
+
+``--gen-seconds`` lets SmolLM2 answer the varied chat prompts of ``logitlab.training.data`` and
+continue its plain-text prompts (a quarter of the rows greedy, the rest at T = 1); the target then
+runs once over every row to record its feature (last hidden state) at every position, and the
+drafter trains on those: the target's 30 layers never run during training.
+
+What it learns, at every position t of a row: from the target's feature ``f_t`` and the token
+``x_{t+1}`` that followed, predict ``f_{t+1}``. Two losses, as in EAGLE: a regression on the
+feature (smooth L1) and the cross-entropy between the target's next-token distribution (its
+output layer on ``f_{t+1}``, on the drafter's vocabulary) and the drafter's (the same layer on the
+prediction), weighted ``--token-weight``. With ``--unroll 2`` it also learns from its own
+predictions ("training-time test", EAGLE-3): the predicted ``f_{t+1}`` and ``x_{t+2}`` must give
+``f_{t+2}``, attending to the true features before and to its own prediction, as at drafting time.
+
+The rows of every seventh prompt are held out; the script reports, on their new tokens, how
+often the drafter's first and second guesses are the target's most likely token (the acceptance
+rate of greedy drafting, position by position).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import time
+
+import torch
+import torch.nn.functional as F
+
+from ..devices import generator as seeded_generator
+from ..eagle import FeatureDrafter, save_drafter
+from .data import cached, choose_vocabulary, load_or_make_data, prompt_ids, split_held_out, varied_prompts
+
+
+@torch.inference_mode()
+def row_features(target, data, batch: int = 16) -> list[torch.Tensor]:
+    """The target's last hidden state at every position of every row (``[L, H]`` per row)."""
+    feats = []
+    for i in range(0, len(data), batch):
+        rows = [r[0] for r in data[i: i + batch]]
+        ids, mask = padded(rows, target.model.embed_tokens.weight.device)
+        hidden = target.model(input_ids=ids, attention_mask=mask).last_hidden_state  # right padding: causal, harmless
+        feats += [hidden[b, : len(r)].float().clone() for b, r in enumerate(rows)]
+    return feats
+
+
+def padded(rows, device):
+    """Right-padded ids ``[B, L]`` and their mask."""
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+    mask = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+    for b, r in enumerate(rows):
+        ids[b, : len(r)], mask[b, : len(r)] = r.to(device), 1
+    return ids, mask
+
+
+def batch_tensors(rows, feats, index):
+    """Tokens ``[B, L]``, features ``[B, L, H]`` and mask ``[B, L]`` of the rows ``index``."""
+    ids, mask = padded([rows[i][0] for i in index], feats[0].device)
+    f = torch.zeros(len(index), ids.shape[1], feats[0].shape[1], device=ids.device)
+    for b, i in enumerate(index):
+        f[b, : len(feats[i])] = feats[i]
+    return ids, f, mask
+
+
+def losses(drafter: FeatureDrafter, ids, feats, mask, token_weight: float, noise: float, unroll: int, gen=None):
+    """Per unrolled step: the mean of smooth-L1(predicted, true feature) + token_weight x
+    cross-entropy(target's distribution, drafter's), over the valid positions; and the predictions."""
+    batch, length = ids.shape
+    positions = torch.arange(length - 1, device=ids.device).expand(batch, -1)
+    inputs = feats[:, :-1]
+    if noise > 0:  # features at drafting time are the drafter's own, never exact: train on noisy ones
+        inputs = inputs + noise * (2 * torch.rand(inputs.shape, generator=gen, device=inputs.device) - 1)
+    valid = (mask[:, 1:] * mask[:, :-1]).bool()  # entry t: (f_t, x_{t+1}) -> f_{t+1}
+    pred, _ = drafter(inputs, ids[:, 1:], mask[:, 1:], positions)
+    result = [step_loss(drafter, pred, feats[:, 1:], valid, token_weight)]
+    if unroll >= 2:
+        out = second_pass(drafter, inputs, ids, mask, pred)
+        valid2 = valid[:, 1:] & valid[:, :-1]
+        result.append(step_loss(drafter, out, feats[:, 2:], valid2, token_weight))
+    return torch.stack(result)
+
+
+def step_loss(drafter, pred, true, valid, token_weight):
+    reg = F.smooth_l1_loss(pred, true, reduction="none").mean(-1)
+    rows = drafter.lm_head.rows
+    p = torch.softmax(true @ rows.T, dim=-1)
+    ce = -(p * torch.log_softmax(pred @ rows.T, dim=-1)).sum(-1)
+    return (reg + token_weight * ce)[valid].mean()
+
+
+@torch.inference_mode()
+def accuracy(drafter: FeatureDrafter, rows, feats, batch: int = 16) -> list[float]:
+    """On the new tokens of ``rows`` (the target's continuation, not the prompt, whose chat
+    template is easy to guess): how often the drafter's first guess (from the target's feature)
+    and its second (from its own predicted feature) are the target's most likely token over the
+    *whole* vocabulary, as greedy verification judges them."""
+    hits, counts = torch.zeros(2), torch.zeros(2)
+    output = drafter.full_output  # the target's whole output layer
+    for i in range(0, len(rows), batch):
+        index = list(range(i, min(i + batch, len(rows))))
+        ids, f, mask = batch_tensors(rows, feats, index)
+        n = ids.shape[1] - 1
+        positions = torch.arange(n, device=ids.device).expand(len(ids), -1)
+        new = torch.zeros_like(mask[:, 1:], dtype=torch.bool)
+        for b, r in enumerate(index):
+            new[b, rows[r][1] - 2:] = True  # entry t predicts token t + 2: the new tokens from new_from
+        valid = (mask[:, 1:] * mask[:, :-1]).bool() & new
+        pred, _ = drafter(f[:, :-1], ids[:, 1:], mask[:, 1:], positions)
+        best = (f[:, 1:] @ output.T).argmax(-1)
+        hits[0] += (drafter.logits(pred).argmax(-1) == best)[valid].sum()
+        counts[0] += valid.sum()
+        out = second_pass(drafter, f[:, :-1], ids, mask, pred)
+        valid2 = valid[:, 1:] & valid[:, :-1]
+        hits[1] += (drafter.logits(out).argmax(-1) == best[:, 1:])[valid2].sum()
+        counts[1] += valid2.sum()
+    return (hits / counts.clamp_min(1)).tolist()
+
+
+def second_pass(drafter, inputs, ids, mask, pred) -> torch.Tensor:
+    """The drafter's second guesses: entry t reads (its own predicted f_{t+1}, x_{t+2}) at position
+    t + 1 and attends to the true entries 0..t (``inputs``: the features it was given) and to
+    itself, which is the situation of a second draft. One pass over both kinds of entries."""
+    n, device = ids.shape[1] - 1, ids.device
+    first = drafter.inputs(inputs, ids[:, 1:])
+    second = drafter.inputs(pred[:, :-1], ids[:, 2:])
+    allowed = torch.zeros(2 * n - 1, 2 * n - 1, dtype=torch.bool, device=device)
+    allowed[:n, :n] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+    allowed[n:, :n - 1] = torch.ones(n - 1, n - 1, dtype=torch.bool, device=device).tril()
+    allowed[n:, n:] = torch.eye(n - 1, dtype=torch.bool, device=device)
+    full = allowed[None] & torch.cat([mask[:, 1:], mask[:, 2:]], dim=1).bool()[:, None, :]
+    full |= torch.eye(2 * n - 1, dtype=torch.bool, device=device)  # padding entries see themselves
+    additive = torch.zeros(full.shape, device=device).masked_fill(~full, torch.finfo(torch.float32).min)
+    positions = torch.arange(n, device=device).expand(len(ids), -1)
+    return drafter.model(inputs_embeds=torch.cat([first, second], dim=1), attention_mask=additive[:, None],
+                         position_ids=torch.cat([positions, positions[:, :-1] + 1], dim=1)).last_hidden_state[:, n:]
+
+
+def train(drafter, rows, feats, steps: int, lr: float, batch: int = 16, token_weight: float = 0.1,
+          noise: float = 0.0, unroll: int = 1, seed: int = 0, progress: bool = True, evaluate=None,
+          log_every: int = 200) -> list[float]:
+    """AdamW with a warm-up and a cosine decay; returns the loss of every step (summed over the
+    unrolled steps). Shows a progress bar."""
+    from tqdm.auto import tqdm
+
+    rng, gen = random.Random(seed), seeded_generator(drafter.fc.weight.device, seed)  # row choice; noise
+    params = [p for name, p in drafter.named_parameters() if not name.startswith("lm_head")]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 50) * 0.5 * (1 + math.cos(math.pi * s / max(steps, 1))))
+    drafter.train()
+    history, bar = [], tqdm(total=steps, desc="EAGLE drafter training", disable=not progress)
+    for step in range(steps):
+        index = [rng.randrange(len(rows)) for _ in range(batch)]
+        ids, f, mask = batch_tensors(rows, feats, index)
+        loss = losses(drafter, ids, f, mask, token_weight, noise, unroll, gen)
+        opt.zero_grad()
+        loss.sum().backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        history.append(loss.sum().item())
+        bar.update(1)
+        bar.set_postfix(loss=f"{history[-1]:.3f}")
+        if evaluate is not None and ((step + 1) % log_every == 0 or step == steps - 1):
+            drafter.eval()
+            bar.write(f"  step {step + 1}: loss {history[-1]:.3f}, held-out accuracy {evaluate()}")
+            drafter.train()
+    bar.close()
+    drafter.eval()
+    return history
+
+
+def main(argv=None):
+    import logitlab as ll
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=1200)
+    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--batch", type=int, default=16, help="rows per step")
+    parser.add_argument("--vocab", type=int, default=2048, help="tokens the drafter's output layer scores")
+    parser.add_argument("--token-weight", type=float, default=0.1)
+    parser.add_argument("--noise", type=float, default=0.0, help="uniform noise added to the input features")
+    parser.add_argument("--unroll", type=int, default=1, choices=(1, 2), help="2: also train on its own predictions")
+    parser.add_argument("--gen-seconds", type=float, default=900, help="time budget for generating data")
+    parser.add_argument("--data", help="the generated data as a torch file (reused if it exists)")
+    parser.add_argument("--features", help="cache the target's features in this torch file")
+    parser.add_argument("--held-out-every", type=int, default=7)
+    parser.add_argument("--out", default="eagle.safetensors")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+
+    start = time.perf_counter()
+    model, tok = ll.load("smollm2-135m")
+    prompts = varied_prompts(tok) + prompt_ids(tok)
+    data = load_or_make_data(model, tok, args.data, args.gen_seconds, prompts=prompts)
+    data, held = split_held_out(data, prompts, args.held_out_every)
+    t0 = time.perf_counter()
+    feats, held_feats = cached(args.features, lambda: (row_features(model, data), row_features(model, held)))
+    print(f"features of {sum(len(f) for f in feats)} positions ({sum(len(f) for f in held_feats)} held out) "
+          f"in {time.perf_counter() - t0:.0f} s")
+    drafter = FeatureDrafter(model, choose_vocabulary(data, model.config.vocab_size, args.vocab))
+    print(f"held-out accuracy (first, second guess) before training: {accuracy(drafter, held, held_feats)}")
+    t0 = time.perf_counter()
+    train(drafter, data, feats, args.steps, args.lr, args.batch, args.token_weight, args.noise, args.unroll,
+          evaluate=lambda: [round(a, 3) for a in accuracy(drafter, held, held_feats)])
+    print(f"trained {args.steps} steps in {time.perf_counter() - t0:.0f} s")
+    print(f"held-out accuracy (first, second guess): {[round(a, 3) for a in accuracy(drafter, held, held_feats)]}")
+    save_drafter(drafter, args.out)
+    print(f"saved {args.out} ({os.path.getsize(args.out) / 1e6:.1f} MB); {time.perf_counter() - start:.0f} s in all")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""Feature-level drafting (logitlab.eagle): the drafter reads the right features at the right
+places, its chains and dynamic trees leave greedy decoding unchanged and sampling exact, and the
+shipped drafter on SmolLM2.
+
+Statistical tests reject at a p-value below 1e-4 (P_MIN), the false-positive rate of each test
+when the code is right.
+"""
+
+import pytest
+import torch
+from test_medusa import pooled_chi_square_pvalue
+from test_speculative import P_MIN, exact_llama_probs, tiny_llama
+
+import logitlab as ll
+from logitlab.eagle import EagleDrafter, FeatureDrafter, load_drafter, save_drafter
+from logitlab.sampling import SamplingConfig
+from logitlab.speculative import speculative_generate
+from logitlab.training.eagle import accuracy, row_features, train
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """A tiny target and a drafter trained on its own samples (150 steps, a few seconds); the rows
+    and features it learnt from, and its accuracy before training."""
+    target = tiny_llama(2, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [[int(a), int(b)] for a, b in torch.randint(1, 6, (64, 2), generator=gen)]
+    out = ll.generate(target, prompts, max_new_tokens=24, eos_token_id=[], generator=gen)
+    rows = [(s, 2, None, None) for s in out.sequences]
+    feats = row_features(target, rows)
+    drafter = FeatureDrafter(target)
+    before = accuracy(drafter, rows, feats)
+    losses = train(drafter, rows, feats, steps=150, lr=3e-3, batch=16, unroll=2, progress=False)
+    return target, drafter, rows, feats, before, losses
+
+
+def test_training_teaches_the_drafter_the_target_and_saves_what_it_learnt(trained, tmp_path):
+    target, drafter, rows, feats, before, losses = trained
+    after = accuracy(drafter, rows, feats)
+    # First and second guesses (from the target's feature; from the drafter's own prediction).
+    assert before[0] < 0.2 and after[0] > 0.5 and after[1] > 0.4, (before, after)
+    assert sum(losses[-10:]) < 0.5 * sum(losses[:10])
+    save_drafter(drafter, tmp_path / "d.safetensors")
+    loaded = load_drafter(target, tmp_path / "d.safetensors")
+    assert abs(accuracy(loaded, rows, feats)[0] - after[0]) < 0.02  # float16 weights
+    with pytest.raises(ValueError, match="target"):
+        load_drafter(tiny_llama(2, seed=0, vocab=4), tmp_path / "d.safetensors")
+
+
+class Recording(EagleDrafter):
+    """Records, at every call, the row's text so far and the feature the drafter predicted after it."""
+
+    def propose(self, next_tokens, gamma, config, generator=None):
+        self.catch_up_calls = getattr(self, "catch_up_calls", [])
+        original = self.catch_up
+
+        def recorded(tokens):
+            h = original(tokens)
+            self.catch_up_calls.append(h[0].clone())
+            return h
+
+        self.catch_up = recorded
+        try:
+            return super().propose(next_tokens, gamma, config, generator)
+        finally:
+            del self.catch_up
+
+
+@pytest.mark.parametrize("tree", [None, dict(top_k=3, nodes=6)], ids=["chain", "tree"])
+def test_the_drafter_reads_the_target_feature_of_every_kept_position(trained, tree):
+    # At every call the drafter's prediction must be what it computes from scratch over the whole
+    # text: the target's feature at each position paired with the token after it. An off-by-one
+    # in the features handed over, a draft left in its cache, or a wrong position id changes it.
+    target, feature_drafter = trained[:2]
+    drafter = Recording(feature_drafter, tree=tree)
+    prompt = [1, 2, 3]
+    out = speculative_generate(target, drafter, [prompt], gamma=3, max_new_tokens=20, temperature=0, eos_token_id=[])
+    text = out.sequences[0]
+    with torch.no_grad():
+        features = target.model(text[None]).last_hidden_state  # f_t for every position t
+        reference, _ = feature_drafter(features[:, :-1], text[None, 1:])  # entry t: (f_t, x_{t+1})
+    # Call i drafts after the text's first len(prompt) + (tokens emitted before call i) tokens.
+    emitted = [1] + [n + 1 for n in (a[0] for a in out.accepted)]
+    lengths = torch.tensor(emitted).cumsum(0)[:-1] + len(prompt)
+    assert len(drafter.catch_up_calls) == len(out.accepted)
+    for h, length in zip(drafter.catch_up_calls, lengths.tolist()):
+        torch.testing.assert_close(h, reference[0, length - 2], atol=1e-5, rtol=1e-4)
+    assert sum(a[0] for a in out.accepted) > 0  # some drafts were kept, so catching up fed several
+
+
+def test_a_tree_of_one_child_per_node_drafts_the_greedy_chain(trained):
+    # With top_k = 1 the dynamic tree is the drafter's greedy chain, built by the tree's own code
+    # (its masks and position ids): every call must then keep exactly what the chain keeps.
+    target, drafter = trained[:2]
+    prompts = [[1, 2], [3, 4, 5, 1]]
+    chain = speculative_generate(target, EagleDrafter(drafter), prompts, gamma=4, max_new_tokens=40,
+                                 temperature=0, eos_token_id=[])
+    tree = speculative_generate(target, EagleDrafter(drafter, tree=dict(top_k=1, nodes=4)), prompts, gamma=4,
+                                max_new_tokens=40, temperature=0, eos_token_id=[])
+    assert tree.accepted == chain.accepted
+    assert len({n for a in chain.accepted for n in a}) > 2  # calls kept various numbers of drafts
+
+
+@pytest.mark.parametrize("tree", [None, dict(top_k=2, nodes=5), dict(top_k=3, nodes=8)], ids=["chain", "k2", "k3"])
+def test_chains_and_dynamic_trees_are_greedy_in_a_batch(trained, tree):
+    target, drafter = trained[:2]
+    prompts = [[1, 2], [3, 4, 5, 1], [2], [5, 5, 4]]
+    out = speculative_generate(target, EagleDrafter(drafter, tree=tree), prompts, gamma=3,
+                               max_new_tokens=30, temperature=0, eos_token_id=[])
+    for prompt, got in zip(prompts, out.new_tokens):
+        greedy = ll.generate(target, [prompt], max_new_tokens=30, temperature=0, eos_token_id=[]).new_tokens[0]
+        assert got.tolist() == greedy.tolist()
+    assert sum(n for a in out.accepted for n in a) > 0
+
+
+@pytest.mark.parametrize("tree", [None, dict(top_k=3, nodes=6)], ids=["chain", "tree"])
+@pytest.mark.parametrize("settings", [dict(temperature=1.0), dict(temperature=0.8, top_k=4)], ids=["T=1", "T=0.8 top-k 4"])
+def test_chains_and_dynamic_trees_are_exact_at_temperature_above_zero(trained, tree, settings):
+    target, drafter = trained[:2]
+    prompt, rows, length = [1, 2], 10_000, 3
+    out = speculative_generate(target, EagleDrafter(drafter, tree=tree), [prompt],
+                               gamma=2, max_new_tokens=length, eos_token_id=[], num_return_sequences=rows,
+                               generator=torch.Generator().manual_seed(0), **settings)
+    assert 0.05 < out.alpha < 0.95
+    probs = exact_llama_probs(target, prompt, length, SamplingConfig(**settings))
+    assert pooled_chi_square_pvalue(out.new_tokens, probs) > P_MIN
+
+
+def test_bad_arguments_raise():
+    target = tiny_llama(2, seed=0)
+    drafter = FeatureDrafter(target)
+    with pytest.raises(ValueError, match="FeatureDrafter"):
+        EagleDrafter(target)
+    with pytest.raises(ValueError, match="tree"):
+        EagleDrafter(drafter, tree=dict(top_k=2))
+    with pytest.raises(ValueError, match="tree"):
+        EagleDrafter(drafter, tree=dict(top_k=0, nodes=4))
+    with pytest.raises(ValueError, match="top_k"):
+        EagleDrafter(drafter, tree=dict(top_k=7, nodes=4))
+    with pytest.raises(ValueError, match="target"):
+        FeatureDrafter(ll.toy_model(vocab_size=5))
