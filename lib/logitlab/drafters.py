@@ -29,6 +29,7 @@ proposals are accepted and by what it costs.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
@@ -207,11 +208,8 @@ class MedusaDrafter(Drafter):
 
     def propose_tree(self, logits, deterministic, config, generator) -> DraftTree:
         """The tree of ``self.tree`` cut to ``logits``' levels; ``logits`` ``[B, g, V]``, head by head."""
-        rooted = cartesian_tree(self.tree[: logits.shape[1]])
-        head = [d - 2 for d in depths(rooted)[1:]]  # the head that guesses each node: its depth - 1
-        parents = [a - 1 for a in rooted[1:]]  # -1: the pending token
+        parents, head, rank = tree_layout(self.tree[: logits.shape[1]])
         if deterministic:
-            rank = [sum(parents[j] == parents[i] for j in range(i)) for i in range(len(parents))]
             top = logits.topk(max(self.tree), dim=-1).indices  # [B, g, b]
             return DraftTree(top[:, head, rank], parents)
         tokens, q = draw(logits[:, head], config, generator)  # each node its own draw from its head
@@ -219,6 +217,18 @@ class MedusaDrafter(Drafter):
 
     def select_rows(self, keep: torch.Tensor) -> None:
         self.hidden = self.hidden[keep]
+
+
+@functools.lru_cache(maxsize=32)
+def tree_layout(levels: tuple[int, ...]) -> tuple[list[int], list[int], list[int]]:
+    """For Medusa's tree with ``levels``: each node's parent (-1: the pending token), the head that
+    guesses it (its depth - 1, as an index) and its rank among its siblings. The same for every
+    call with the same levels, so computed once."""
+    rooted = cartesian_tree(levels)
+    parents = [a - 1 for a in rooted[1:]]
+    head = [d - 2 for d in depths(rooted)[1:]]
+    rank = [sum(parents[j] == parents[i] for j in range(i)) for i in range(len(parents))]
+    return parents, head, rank
 
 
 # The shipped draft for SmolLM2-135M: its one layer and final norm in float16, and the ids of

@@ -71,8 +71,8 @@ def batch_tensors(rows, feats, index):
 
 
 def losses(drafter: FeatureDrafter, ids, feats, mask, token_weight: float, noise: float, unroll: int, gen=None):
-    """Per unrolled step: the mean of smooth-L1(predicted, true feature) + token_weight x
-    cross-entropy(target's distribution, drafter's), over the valid positions; and the predictions."""
+    """One loss per unrolled step (``[unroll]``): the mean over the valid positions of
+    smooth-L1(predicted, true feature) + token_weight x cross-entropy(target's distribution, drafter's)."""
     batch, length = ids.shape
     positions = torch.arange(length - 1, device=ids.device).expand(batch, -1)
     inputs = feats[:, :-1]
