@@ -114,9 +114,26 @@ def test_a_tree_of_one_child_per_node_drafts_the_greedy_chain(trained):
                                 max_new_tokens=40, temperature=0, eos_token_id=[])
     assert tree.accepted == chain.accepted
     assert len({n for a in chain.accepted for n in a}) > 2  # calls kept various numbers of drafts
+    fixed = speculative_generate(target, EagleDrafter(drafter, tree=dict(branching=(1, 1, 1, 1))), prompts, gamma=4,
+                                 max_new_tokens=40, temperature=0, eos_token_id=[])
+    assert fixed.accepted == chain.accepted
 
 
-@pytest.mark.parametrize("tree", [None, dict(top_k=2, nodes=5), dict(top_k=3, nodes=8)], ids=["chain", "k2", "k3"])
+def test_a_fixed_tree_is_the_dynamic_tree_that_expands_every_node():
+    # Two levels of k: the dynamic tree expands its top k of k nodes, that is all of them, and keeps
+    # all k + k * k candidates; a fixed (k, k) tree must propose exactly the same tree.
+    target = tiny_llama(2, seed=0)
+    drafter = FeatureDrafter(target)
+    torch.nn.init.normal_(drafter.fc.weight, std=0.2, generator=torch.Generator().manual_seed(1))  # reads features too
+    prompts = [[1, 2, 3], [4, 5]]
+    runs = [speculative_generate(target, EagleDrafter(drafter, tree=tree), prompts, gamma=2, max_new_tokens=20,
+                                 temperature=0, eos_token_id=[])
+            for tree in (dict(top_k=3, nodes=12), dict(branching=(3, 3)))]
+    assert runs[0].accepted == runs[1].accepted and runs[0].model_calls == runs[1].model_calls
+
+
+@pytest.mark.parametrize("tree", [None, dict(top_k=2, nodes=5), dict(top_k=3, nodes=8), dict(branching=(3, 2, 1)),
+                                  dict(branching=(2, 2, 2, 2))], ids=["chain", "k2", "k3", "fixed321", "fixed2222"])
 def test_chains_and_dynamic_trees_are_greedy_in_a_batch(trained, tree):
     target, drafter = trained[:2]
     prompts = [[1, 2], [3, 4, 5, 1], [2], [5, 5, 4]]
@@ -128,7 +145,7 @@ def test_chains_and_dynamic_trees_are_greedy_in_a_batch(trained, tree):
     assert sum(n for a in out.accepted for n in a) > 0
 
 
-@pytest.mark.parametrize("tree", [None, dict(top_k=3, nodes=6)], ids=["chain", "tree"])
+@pytest.mark.parametrize("tree", [None, dict(top_k=3, nodes=6), dict(branching=(2, 2))], ids=["chain", "tree", "fixed"])
 @pytest.mark.parametrize("settings", [dict(temperature=1.0), dict(temperature=0.8, top_k=4)], ids=["T=1", "T=0.8 top-k 4"])
 def test_chains_and_dynamic_trees_are_exact_at_temperature_above_zero(trained, tree, settings):
     target, drafter = trained[:2]
@@ -148,9 +165,13 @@ def test_bad_arguments_raise():
         EagleDrafter(target)
     with pytest.raises(ValueError, match="tree"):
         EagleDrafter(drafter, tree=dict(top_k=2))
+    with pytest.raises(ValueError, match="branching"):
+        EagleDrafter(drafter, tree=dict(branching=(2, 0)))
+    with pytest.raises(ValueError, match="tree"):
+        EagleDrafter(drafter, tree=dict(branching=()))
     with pytest.raises(ValueError, match="tree"):
         EagleDrafter(drafter, tree=dict(top_k=0, nodes=4))
-    with pytest.raises(ValueError, match="top_k"):
+    with pytest.raises(ValueError, match="children per node"):
         EagleDrafter(drafter, tree=dict(top_k=7, nodes=4))
     with pytest.raises(ValueError, match="target"):
         FeatureDrafter(ll.toy_model(vocab_size=5))

@@ -22,7 +22,9 @@ a feature alone does not say which of its likely tokens was actually sampled.
   tokens, each from its own previous prediction) or, with ``tree=``, **EAGLE-2's dynamic tree**
   (Li et al., 2024b): at every depth it expands the ``top_k`` nodes with the highest cumulative
   draft probability, gives each its ``top_k`` best children, and finally keeps the ``nodes``
-  best of all candidates. Tree children are chosen, not sampled, so verification treats each
+  best of all candidates; or a **fixed tree** (``branching=(b1, b2, ...)``: every node of level
+  i gets its ``b_i`` best children, as EAGLE's first version did). Tree children are chosen, not
+  sampled, so verification treats each
   as a point mass; that keeps the output exact at every temperature
   (``logitlab.tree_verification``).
 """
@@ -38,6 +40,7 @@ from .decoding import check_body_and_head, crop_cache, draw, forward, tree_forwa
 from .drafter import Drafter, DraftTree
 from .drafters import SubsetHead
 from .sampling import process_logits
+from .tree import cartesian_tree
 
 # Written by ``python -m logitlab.training.eagle``: the layer, fc and norm in float16 and the ids
 # of the tokens the output layer scores (the embedding is the target's own).
@@ -138,8 +141,9 @@ def load_drafter(target, path: str | Path | None = None) -> FeatureDrafter:
 
 
 class EagleDrafter(Drafter):
-    """Proposals from a ``FeatureDrafter``: a chain, or EAGLE-2's dynamic tree with ``tree=dict(
-    top_k=..., nodes=...)`` (depth: the loop's ``gamma``). See the module's text."""
+    """Proposals from a ``FeatureDrafter``: a chain, EAGLE-2's dynamic tree with ``tree=dict(
+    top_k=..., nodes=...)`` (depth: the loop's ``gamma``), or a fixed tree with ``tree=dict(
+    branching=(b1, b2, ...))`` (no deeper than ``gamma``). See the module's text."""
 
     reads_hidden_state = True
 
@@ -147,11 +151,17 @@ class EagleDrafter(Drafter):
         if not isinstance(drafter, FeatureDrafter):
             raise ValueError(f"drafter must be a FeatureDrafter (see ll.eagle.load_drafter), got {type(drafter).__name__}")
         if tree is not None:
-            if not isinstance(tree, dict) or set(tree) != {"top_k", "nodes"} or not all(
-                    isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in tree.values()):
-                raise ValueError(f"tree must be None (a chain) or dict(top_k=..., nodes=...) with integers >= 1, got {tree!r}")
-            if tree["top_k"] > len(drafter.lm_head.vocab):
-                raise ValueError(f"tree's top_k {tree['top_k']} exceeds the {len(drafter.lm_head.vocab)} tokens the drafter scores")
+            dynamic = isinstance(tree, dict) and set(tree) == {"top_k", "nodes"} and all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in tree.values())
+            fixed = isinstance(tree, dict) and set(tree) == {"branching"} and isinstance(tree["branching"], (tuple, list)) \
+                and len(tree["branching"]) >= 1 and cartesian_tree(tree["branching"])  # checks the widths
+            if not (dynamic or fixed):
+                raise ValueError("tree must be None (a chain), dict(top_k=..., nodes=...) with integers >= 1 (EAGLE-2's "
+                                 f"dynamic tree) or dict(branching=(b1, b2, ...)) (a fixed tree), got {tree!r}")
+            widest = tree["top_k"] if dynamic else max(tree["branching"])
+            if widest > len(drafter.lm_head.vocab):
+                raise ValueError(f"tree asks for {widest} children per node, more than the {len(drafter.lm_head.vocab)} "
+                                 "tokens the drafter scores")
         self.drafter, self.tree = drafter, tree
         self.vocab_size, self.feature_layers = drafter.vocab_size, drafter.layers
 
@@ -201,29 +211,40 @@ class EagleDrafter(Drafter):
         return out
 
     def propose_tree(self, h, depth, config) -> DraftTree:
-        """EAGLE-2's expansion and reranking: ``depth`` levels, ``top_k`` nodes expanded per level."""
-        k, budget = self.tree["top_k"], self.tree["nodes"]
+        """A tree of at most ``depth`` levels. EAGLE-2's: every level expands the ``top_k`` nodes of
+        the level before with the highest cumulative score, ``top_k`` children each, and the best
+        ``nodes`` of all candidates are kept. A fixed tree (``branching``): every node of level i
+        gets its ``branching[i]`` best children, and every node is kept."""
+        fixed = "branching" in self.tree
+        widths = list(self.tree["branching"][:depth]) if fixed else [self.tree["top_k"]] * depth
         batch, device = len(h), h.device
-        scores, tokens = self.confidence(h, config).topk(k, dim=-1)  # level 1: the root's best children
+        scores, tokens = self.confidence(h, config).topk(widths[0], dim=-1)  # level 1: the root's best children
         all_tokens, all_scores, all_parents = [tokens], [scores], [torch.full_like(tokens, -1)]
-        fed, fed_scores, fed_states = tokens, scores, h[:, None].expand(-1, k, -1)  # parents' predicted features
-        fed_index = torch.arange(k, device=device).expand(batch, -1)  # the fed nodes' candidate indices
+        fed, fed_scores, fed_states = tokens, scores, h[:, None].expand(-1, widths[0], -1)  # parents' predicted features
+        fed_index = torch.arange(widths[0], device=device).expand(batch, -1)  # the fed nodes' candidate indices
         seen = torch.zeros(batch, 0, 0, dtype=torch.bool, device=device)  # ancestors among fed entries
-        parent_slot = torch.full((batch, k), -1, device=device)  # each fed node's parent among fed entries
-        for _ in range(depth - 1):
+        parent_slot = torch.full((batch, widths[0]), -1, device=device)  # each fed node's parent among fed entries
+        for width in widths[1:]:
             seen = self.tree_seen(seen, parent_slot)
-            out = self.feed_tree(fed_states, fed, seen)  # [B, k, H]
-            child_scores, child_tokens = self.confidence(out, config).topk(k, dim=-1)  # [B, k, k]
-            cumulative = (fed_scores[..., None] + child_scores).flatten(1)  # [B, k * k]
+            out = self.feed_tree(fed_states, fed, seen)  # [B, m, H], the m nodes of the last level
+            m = fed.shape[1]
+            child_scores, child_tokens = self.confidence(out, config).topk(width, dim=-1)  # [B, m, width]
+            cumulative = (fed_scores[..., None] + child_scores).flatten(1)  # [B, m * width]
             first = sum(t.shape[1] for t in all_tokens)
             all_tokens.append(child_tokens.flatten(1))
             all_scores.append(cumulative)
-            all_parents.append(fed_index.repeat_interleave(k, dim=1))
-            fed_scores, best = cumulative.topk(k, dim=-1)  # the next level to expand
-            parent_slot = seen.shape[1] - k + torch.div(best, k, rounding_mode="floor")
+            all_parents.append(fed_index.repeat_interleave(width, dim=1))
+            if fixed:  # the next level grows under every node of this one
+                best = torch.arange(m * width, device=device).expand(batch, -1)
+            else:  # under the top_k of this level by cumulative score
+                best = cumulative.topk(self.tree["top_k"], dim=-1).indices
+            fed_scores = cumulative.gather(1, best)
+            parent_slot = seen.shape[1] - m + torch.div(best, width, rounding_mode="floor")
             fed, fed_index = child_tokens.flatten(1).gather(1, best), first + best
-            fed_states = out.gather(1, torch.div(best, k, rounding_mode="floor")[..., None].expand(-1, -1, out.shape[-1]))
-        return rerank(torch.cat(all_tokens, 1), torch.cat(all_scores, 1), torch.cat(all_parents, 1), budget)
+            fed_states = out.gather(1, torch.div(best, width, rounding_mode="floor")[..., None].expand(-1, -1, out.shape[-1]))
+        candidates = torch.cat(all_tokens, 1)
+        budget = candidates.shape[1] if fixed else self.tree["nodes"]
+        return rerank(candidates, torch.cat(all_scores, 1), torch.cat(all_parents, 1), budget)
 
     def confidence(self, h, config) -> torch.Tensor:
         """The drafter's log-probabilities used to rank nodes: at the sampling temperature and

@@ -102,19 +102,26 @@ def verify_tree(parents, tokens: torch.Tensor, q: torch.Tensor | None, p: torch.
                 path.append(child)
                 residual = p[child].to(exact)
                 break
-            if drawn_from is None:
-                left = residual.clone()
-                left[token] = 0  # max(0, r - point mass at t): t is removed, the rest unchanged
-            else:
-                left = (residual / mass - drawn_from).clamp_min(0)
-            # A residual of zero mass means r = q there, where rejection has probability 0;
-            # rounding can still get there, and then r itself is the right distribution.
-            if float(left.sum()) > 0:
-                residual = left
+            residual = after_rejection(residual, token, drawn_from)
         else:  # every child rejected (or a leaf): the next token comes from what is left
             cumulative = residual.cumsum(dim=-1)
             draw = torch.rand(1, generator=generator, device=p.device, dtype=exact)
             return path, inverse_transform(cumulative[None], draw[None] * cumulative[-1:])[0]
+
+
+def after_rejection(r: torch.Tensor, token: int, q: torch.Tensor | None = None) -> torch.Tensor:
+    """What is left of ``r`` (a distribution ``[V]``, normalised or not) for the next sibling once
+    the candidate ``token``, drawn from ``q``, was rejected: ``max(0, r - q)``, not normalised.
+    ``q=None`` means the candidate was chosen, not sampled (a point mass): ``token`` is removed and
+    the rest is unchanged."""
+    if q is None:
+        left = r.clone()
+        left[token] = 0
+    else:
+        left = (r / r.sum() - q.to(r.dtype)).clamp_min(0)
+    # Nothing left means r = q wherever r > 0, where rejection has probability 0; rounding can
+    # still get there, and then r itself is the right distribution.
+    return left if float(left.sum()) > 0 else r
 
 
 def check_tree(parents, tokens, scores, name: str = "logits") -> list[int]:

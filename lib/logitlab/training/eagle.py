@@ -26,10 +26,12 @@ rate of greedy drafting, position by position).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import random
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +39,7 @@ import torch.nn.functional as F
 from ..decoding import forward
 from ..devices import generator as seeded_generator
 from ..eagle import FeatureDrafter, save_drafter
+from ..fast_cpu import cpu_info
 from .data import cached, choose_vocabulary, load_or_make_data, prompt_ids, split_held_out, varied_prompts
 
 
@@ -151,7 +154,8 @@ def train(drafter, rows, feats, steps: int, lr: float, batch: int = 16, token_we
           noise: float = 0.0, unroll: int = 1, seed: int = 0, progress: bool = True, evaluate=None,
           log_every: int = 200) -> list[float]:
     """AdamW with a warm-up and a cosine decay; returns the loss of every step (summed over the
-    unrolled steps). Shows a progress bar."""
+    unrolled steps). Shows a progress bar, and what ``evaluate(step)`` returns every ``log_every``
+    steps and after the last."""
     from tqdm.auto import tqdm
 
     rng, gen = random.Random(seed), seeded_generator(drafter.fc.weight.device, seed)  # row choice; noise
@@ -175,7 +179,7 @@ def train(drafter, rows, feats, steps: int, lr: float, batch: int = 16, token_we
         bar.set_postfix(loss=f"{history[-1]:.3f}")
         if evaluate is not None and ((step + 1) % log_every == 0 or step == steps - 1):
             drafter.eval()
-            bar.write(f"  step {step + 1}: loss {history[-1]:.3f}, held-out accuracy {evaluate()}")
+            bar.write(f"  step {step + 1}: loss {history[-1]:.3f}, held-out accuracy {evaluate(step + 1)}")
             drafter.train()
     bar.close()
     drafter.eval()
@@ -213,15 +217,31 @@ def main(argv=None):
                                                        row_features(model, held, layers=layers)))
     print(f"features of {sum(len(f) for f in feats)} positions ({sum(len(f) for f in held_feats)} held out) "
           f"in {time.perf_counter() - t0:.0f} s")
+    feature_seconds = time.perf_counter() - t0
     drafter = FeatureDrafter(model, choose_vocabulary(data, model.config.vocab_size, args.vocab), layers)
-    print(f"held-out accuracy (first, second guess) before training: {accuracy(drafter, held, held_feats)}")
-    t0 = time.perf_counter()
-    train(drafter, data, feats, args.steps, args.lr, args.batch, args.token_weight, args.noise, args.unroll,
-          evaluate=lambda: [round(a, 3) for a in accuracy(drafter, held, held_feats)])
-    print(f"trained {args.steps} steps in {time.perf_counter() - t0:.0f} s")
-    print(f"held-out accuracy (first, second guess): {[round(a, 3) for a in accuracy(drafter, held, held_feats)]}")
+    before = accuracy(drafter, held, held_feats)
+    print(f"held-out accuracy (first, second guess) before training: {before}")
+    t0, curve = time.perf_counter(), []
+
+    def evaluate(step):
+        curve.append([step, *[round(a, 4) for a in accuracy(drafter, held, held_feats)]])
+        return curve[-1][1:]
+
+    history = train(drafter, data, feats, args.steps, args.lr, args.batch, args.token_weight, args.noise, args.unroll,
+                    evaluate=evaluate)
+    train_seconds = time.perf_counter() - t0
+    print(f"trained {args.steps} steps in {train_seconds:.0f} s")
+    print(f"held-out accuracy (first, second guess): {curve[-1][1:]}")
     save_drafter(drafter, args.out)
-    print(f"saved {args.out} ({os.path.getsize(args.out) / 1e6:.1f} MB); {time.perf_counter() - start:.0f} s in all")
+    # What the chapter shows of the training: the recipe, the data, the times and the curves.
+    log = {"recipe": vars(args), "rows": len(data), "held_out_rows": len(held),
+           "new_tokens": sum(len(r[2]) for r in data), "held_out_new_tokens": sum(len(r[2]) for r in held),
+           "feature_seconds": round(feature_seconds), "train_seconds": round(train_seconds),
+           "loss": [round(x, 4) for x in history], "held_out_accuracy": [[0, *before]] + curve,
+           "machine": f"{cpu_info().get('model name', 'unknown CPU')}, {torch.get_num_threads()} threads"}
+    Path(args.out).with_suffix(".json").write_text(json.dumps(log, indent=1))
+    print(f"saved {args.out} ({os.path.getsize(args.out) / 1e6:.1f} MB) and its training log; "
+          f"{time.perf_counter() - start:.0f} s in all")
 
 
 if __name__ == "__main__":
