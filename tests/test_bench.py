@@ -39,7 +39,7 @@ def test_bench_prints_a_table_and_writes_json(capsys, tmp_path, monkeypatch):
                         lambda fns, repeat=1, warmup=0: timing.interleaved_median_times(fns, repeat=1, warmup=0))
     monkeypatch.setattr(basics, "median_time", lambda fn, repeat=1, warmup=0: timing.median_time(fn, 1, 0))
     out_file = tmp_path / "bench.json"
-    bench.main(["--skip-load", "--skip-verification", "--skip-generate", "--skip-speculative", "--skip-typical", "--skip-pass", "--json", str(out_file)])
+    bench.main(["--skip-load", "--skip-verification", "--skip-generate", "--skip-speculative", "--skip-typical", "--skip-eagle", "--skip-pass", "--json", str(out_file)])
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ") and " ms |" in line]
     assert len(rows) == 16  # 8 sampling rows, then 8 of batch sampling, tree scoring and beam search
@@ -128,6 +128,19 @@ def test_typical_rows_run_on_a_small_setting(small):
 
 
 @pytest.mark.slow
+def test_eagle_rows_run_on_a_small_setting(small):
+    model, tokenizer = small
+    table = bench.Table()
+    bench.bench_eagle(table, model, tokenizer, new_tokens=8, tree=dict(top_k=2, nodes=4), depth=2,
+                      temperatures=(0.0, 1.0), repeat=1)
+    assert len(table.rows) == 3 + 5 and all(r["seconds"] > 0 for r in table.rows)
+    assert "tree (top_k=2, 4 nodes, depth 2)" in table.rows[2]["measurement"]
+    assert "typical" in table.rows[7]["measurement"]
+    by_position = re.search(r"accepted by position ([\d.]+)/([\d.]+)\)", table.rows[2]["measurement"])
+    assert by_position and all(0 <= float(a) <= 1 for a in by_position.groups())
+
+
+@pytest.mark.slow
 def test_pass_rows_run_on_a_small_setting(small):
     model, tokenizer = small
     table = bench.Table()
@@ -212,19 +225,20 @@ def test_quick_runs_every_table_with_fewer_settings(monkeypatch, tmp_path):
     monkeypatch.setattr(run.models, "load", lambda *a, **k: (fake, None))
     monkeypatch.setattr(run, "cached_prefix", lambda tokenizer: [1, 2, 3])
     for name in ["bench_verification", "bench_llama_cpp", "bench_sampling", "bench_generate", "bench_parallel",
-                 "bench_speculative", "bench_draft_model", "bench_typical", "bench_pass"]:
+                 "bench_speculative", "bench_draft_model", "bench_typical", "bench_eagle", "bench_pass"]:
         monkeypatch.setattr(run, name, lambda *a, name=name, **k: calls.setdefault(name, k) and None)
     run.main(["--skip-load", "--quick", "--json", str(tmp_path / "quick.json")])
     assert set(calls) == {"bench_verification", "bench_llama_cpp", "bench_sampling", "bench_generate", "bench_parallel",
-                          "bench_speculative", "bench_draft_model", "bench_typical", "bench_pass"}
+                          "bench_speculative", "bench_draft_model", "bench_typical", "bench_eagle", "bench_pass"}
     assert calls["bench_verification"] == {"rounds": 4}
-    for name in ["bench_generate", "bench_speculative", "bench_draft_model", "bench_typical", "bench_pass"]:
+    for name in ["bench_generate", "bench_speculative", "bench_draft_model", "bench_typical", "bench_eagle", "bench_pass"]:
         assert calls[name]["repeat"] == 2, name
     assert calls["bench_typical"]["temperatures"] == (0.0, 1.0)
     assert calls["bench_pass"]["ks"] == (1, 2, 4, 8) and calls["bench_pass"]["single_ks"] == (1, 2)
     calls.clear()
     run.main(["--skip-load", "--json", str(tmp_path / "full.json")])  # the full run: each part's defaults
     assert calls["bench_typical"] == {} and calls["bench_pass"] == {} and calls["bench_verification"] == {}
+    assert calls["bench_eagle"] == {}
 
 
 def test_llama_cpp_rows_are_skipped_with_a_message_without_llama_cpp_python(monkeypatch, capsys):

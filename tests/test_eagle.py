@@ -209,3 +209,27 @@ def test_a_drafter_fusing_several_layers_reads_them_where_it_should(tmp_path):
     assert load_drafter(target, tmp_path / "fused.safetensors").layers == (1, 3)
     with pytest.raises(ValueError, match="layers"):
         FeatureDrafter(target, layers=(1, 2))  # the top layer must come last
+
+
+# --- the shipped drafter on SmolLM2 ------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_shipped_drafter_is_small_greedy_exact_and_trained():
+    import json
+
+    model, tokenizer = ll.load("smollm2-135m", device="cpu")
+    assert ll.eagle.PRETRAINED.stat().st_size <= 10e6
+    log = json.loads(ll.eagle.PRETRAINED.with_suffix(".json").read_text())
+    assert len(log["loss"]) == log["recipe"]["steps"] and log["held_out_accuracy"][-1][0] == log["recipe"]["steps"]
+    drafter = load_drafter(model)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Explain how a refrigerator keeps food cold."}],
+                                           add_generation_prompt=True, tokenize=False)
+    common = dict(tokenizer=tokenizer, max_new_tokens=48, temperature=0, eos_token_id=[])
+    greedy = ll.generate(model, [prompt], **common)
+    chain = speculative_generate(model, EagleDrafter(drafter), [prompt], gamma=3, **common)
+    tree = speculative_generate(model, EagleDrafter(drafter, tree=dict(top_k=3, nodes=10)), [prompt], gamma=4, **common)
+    assert chain.new_tokens[0].tolist() == greedy.new_tokens[0].tolist() == tree.new_tokens[0].tolist()
+    # Trained: its first draft is kept far more often than untrained, and the tree keeps more per call.
+    assert chain.acceptance_by_position()[0] > 0.15  # untrained (the first layer on tokens alone): about 0.08
+    assert tree.tokens_per_call > chain.tokens_per_call > 1.1

@@ -33,6 +33,10 @@ path of ``ll.load``):
   rejection sampling (top-token and sampled proposals) and under typical acceptance, and as a
   tree under typical acceptance, each with its tokens per target call, against our
   autoregressive loop;
+* the EAGLE drafter (chapter 9): the shipped feature-level drafter as a chain and as EAGLE-2's
+  dynamic tree at temperature 0 (same tokens as greedy decoding) and 1, under rejection sampling
+  (exact) and at 1 also under typical acceptance, each with its tokens per target call and the
+  acceptance rate of each draft position, against our autoregressive loop;
 * PaSS (chapter 8): the shipped look-ahead embeddings with the paper's two-call algorithm for
   k = 1 .. 8 and with our single-call variant (slots after every prefix, or after the likeliest
   one) at temperature 0 (same tokens as greedy decoding) and 1, each with its tokens per target
@@ -47,12 +51,12 @@ path of ``ll.load``):
 """
 
 from .basics import bench_generate, bench_load, bench_parallel, bench_sampling
-from .drafting import bench_draft_model, bench_pass, bench_speculative, bench_typical, pass_calls
+from .drafting import bench_draft_model, bench_eagle, bench_pass, bench_speculative, bench_typical, pass_calls
 from .prompts import DRAFT_PROMPTS, GROUNDED, OPEN_ENDED
 from .run import main
 from .table import Table, cpu_name
 from .verification import bench_verification
 
 __all__ = ["DRAFT_PROMPTS", "GROUNDED", "OPEN_ENDED", "Table", "bench_draft_model", "bench_generate", "bench_load",
-           "bench_pass", "bench_parallel", "bench_sampling", "bench_speculative", "bench_typical", "bench_verification",
+           "bench_eagle", "bench_pass", "bench_parallel", "bench_sampling", "bench_speculative", "bench_typical", "bench_verification",
            "cpu_name", "main", "pass_calls"]

@@ -140,11 +140,12 @@ def timed_runs(model, runs: dict, prompts, repeat: int, warmup: int = 1) -> tupl
 
 def time_against_ar(table: Table, model, runs: dict, prompts, temperature: float, new_tokens: int, repeat: int,
                      calls=lambda r: r.model_calls, unit: str = "call", predicted: dict | None = None,
-                     warmup: int = 1) -> None:
+                     warmup: int = 1, describe=None) -> None:
     """Time ``runs`` (label -> fn(ids, generator); the first is the AR baseline ``ll.generate``)
     alternately on every prompt, check at T = 0 that each gives the baseline's greedy tokens, and
     add a row per run with its tokens per ``unit`` (``calls(result)`` counts them), the cost
-    model's forecast (``predicted``: label -> speedup) and its speedup."""
+    model's forecast (``predicted``: label -> speedup), its speedup, and what ``describe(results)``
+    says of its results."""
     times, results = timed_runs(model, runs, prompts, repeat, warmup)
     if temperature == 0:
         greedy = [r.new_tokens[0].tolist() for r in results["ll.generate"]]
@@ -156,6 +157,7 @@ def time_against_ar(table: Table, model, runs: dict, prompts, temperature: float
     for label, seconds in list(zip(runs, times))[1:]:
         per_call = new_tokens * len(prompts) / sum(calls(r) for r in results[label])
         forecast = f", predicted {predicted[label]:.2f}x" if predicted and label in predicted else ""
+        forecast += describe(results[label]) if describe else ""
         table.add(f"{label} ({per_call:.2f} tokens per {unit}{forecast}), {name}", seconds, times[0] / seconds,
                   "faster than our AR loop")
 
@@ -249,3 +251,51 @@ def bench_pass(table: Table, model, tokenizer, new_tokens: int = 64, ks=tuple(ra
         time_against_ar(table, model, runs, prompts, temperature, new_tokens, repeat, calls=pass_calls,
                         unit="target pass", predicted=predicted_speedups(model, calibration, context),
                         warmup=0)
+
+
+@torch.inference_mode()
+def bench_eagle(table: Table, model, tokenizer, new_tokens: int = 128, gamma: int = 3,
+                tree: dict | None = None, depth: int = 4, temperatures=(0.0, 1.0), repeat: int = 3) -> None:
+    """The shipped EAGLE drafter (chapter 9) against our AR loop at T = 0 and 1: a chain of
+    ``gamma`` drafts and EAGLE-2's dynamic tree (``tree``, ``depth`` levels), each under rejection
+    sampling (exact), and above T = 0 also under typical acceptance (not exact). At T = 0 every run
+    is checked to give greedy decoding's tokens; each row carries the cost model's forecast from
+    the calibration prompts and the acceptance rate of each draft position."""
+    from ..eagle import EagleDrafter, load_drafter
+    from ..typical_acceptance import TypicalAcceptance
+
+    drafter = load_drafter(model)
+    tree = dict(top_k=3, nodes=10) if tree is None else tree
+    prompts = [chat(tokenizer, q) for q in DRAFT_PROMPTS]
+    held_out = [chat(tokenizer, q) for q in CALIBRATION]
+    context = cached_prefix(tokenizer)
+
+    def build(temperature):
+        common = dict(max_new_tokens=new_tokens, temperature=temperature, eos_token_id=[])
+
+        def eagle(shape, g, acceptance=None):
+            return lambda ids, gen: speculative_generate(model, EagleDrafter(drafter, tree=shape), ids, gamma=g,
+                                                         acceptance=acceptance, generator=gen, **common)
+
+        shape = f"tree (top_k={tree['top_k']}, {tree['nodes']} nodes, depth {depth})"
+        runs = {"ll.generate": lambda ids, gen: generate(model, ids, generator=gen, **common),
+                f"EAGLE chain (gamma={gamma})": eagle(None, gamma),
+                f"EAGLE {shape}": eagle(tree, depth)}
+        if temperature > 0:
+            runs[f"EAGLE chain (gamma={gamma}), typical acceptance"] = eagle(None, gamma, TypicalAcceptance())
+            runs[f"EAGLE {shape}, typical acceptance"] = eagle(tree, depth, TypicalAcceptance())
+        return runs
+
+    for temperature in temperatures:
+        runs = build(temperature)
+        # The calibration runs every contender once, which also warms each up for the timing.
+        predicted = predicted_speedups(model, calibrate(model, runs, held_out), context)
+        time_against_ar(table, model, runs, prompts, temperature, new_tokens, repeat, predicted=predicted, warmup=0,
+                        describe=by_position)
+
+
+def by_position(results) -> str:
+    """The acceptance rate of each draft position over ``results``: kept / reached."""
+    depth = max(max(r.drafted, default=0) for r in results)  # a tree's depth, a chain's gamma
+    kept, reached = (sum(counts) for counts in zip(*(r.acceptance_counts(depth) for r in results)))
+    return ", accepted by position " + "/".join(f"{k / max(n, 1):.2f}" for k, n in zip(kept.tolist(), reached.tolist()))

@@ -10,7 +10,7 @@ import torch
 
 from .. import models
 from .basics import bench_generate, bench_load, bench_parallel, bench_sampling
-from .drafting import bench_draft_model, bench_pass, bench_speculative, bench_typical
+from .drafting import bench_draft_model, bench_eagle, bench_pass, bench_speculative, bench_typical
 from .table import Table, cpu_name
 from ..timing import breakdown_table
 from .llamacpp import bench_llama_cpp
@@ -33,6 +33,8 @@ def main(argv=None) -> Table:
                         help="skip the speculative-decoding rows (about 8 min)")
     parser.add_argument("--skip-typical", action="store_true",
                         help="skip the Medusa-heads and typical-acceptance rows (about 6 min)")
+    parser.add_argument("--skip-eagle", action="store_true",
+                        help="skip the EAGLE drafter's rows (about 6 min)")
     parser.add_argument("--skip-pass", action="store_true",
                         help="skip the PaSS look-ahead rows (about 25 min)")
     parser.add_argument("--quick", action="store_true",
@@ -65,6 +67,8 @@ def main(argv=None) -> Table:
         bench_draft_model(table, model, tokenizer, stock=stock, **repeat)
     if not args.skip_typical:
         bench_typical(table, model, tokenizer, **(dict(repeat, temperatures=(0.0, 1.0)) if args.quick else {}))
+    if not args.skip_eagle:
+        bench_eagle(table, model, tokenizer, **repeat)
     if not args.skip_pass:
         bench_pass(table, model, tokenizer, **(dict(repeat, ks=(1, 2, 4, 8), single_ks=(1, 2)) if args.quick else {}))
     machine = f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, device cpu"

@@ -20,6 +20,7 @@ from .ch05_trees import check_tree_mask, check_tree_positions
 from .ch06_speculative import check_expected_tokens, check_verify
 from .ch07_typical import check_match_probability, check_typical_accept
 from .ch08_pass import check_single_call_layout, check_training_layout
+from .ch09_eagle import check_after_rejection, check_keep_best
 from .common import CheckFailed
 
 __all__ = [
@@ -40,4 +41,6 @@ __all__ = [
     "check_typical_accept",
     "check_training_layout",
     "check_single_call_layout",
+    "check_after_rejection",
+    "check_keep_best",
 ]

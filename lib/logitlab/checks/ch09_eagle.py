@@ -1,0 +1,77 @@
+"""The checks of chapter 9 (feature-level drafting): what a rejected sibling leaves for the next
+one, and keeping the best nodes of a dynamic draft tree."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from .common import CheckFailed, as_list, call, call_unchanged, show
+
+
+def check_keep_best(fn) -> None:
+    """Check ``fn(scores, parents, budget) -> (kept, new_parents)`` (chapter 9) against
+    :func:`logitlab.eagle.rerank`: the ``budget`` candidates with the highest cumulative scores,
+    as their indices in increasing order, and each kept node's parent renumbered among the kept
+    ones (-1 for the root)."""
+    from ..eagle import rerank
+
+    cases = [
+        ("a chain", [-0.1, -0.5, -0.9], [-1, 0, 1], 2),
+        ("two levels of two", [-0.2, -1.0, -0.5, -0.7, -1.5, -1.6], [-1, -1, 0, 0, 1, 1], 4),
+        ("a budget larger than the tree", [-0.3, -0.4], [-1, -1], 5),
+        ("a deep node beats a shallow one", [-0.1, -3.0, -0.2, -0.3, -3.5], [-1, -1, 0, 2, 1], 3),
+        ("a budget of one", [-2.0, -0.5, -0.6], [-1, -1, 1], 1),
+    ]
+    for name, scores, parents, budget in cases:
+        label = f"Case {name} (scores={scores}, parents={parents}, budget={budget})"
+        got = call(fn, label, copy.deepcopy(scores), copy.deepcopy(parents), budget)
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            raise CheckFailed(f"{label}: return a pair (kept indices, new parents), got {got!r}.")
+        tree = rerank(torch.arange(len(scores))[None], torch.tensor([scores]), torch.tensor([parents]), budget)
+        want_kept, want_parents = tree.tokens[0].tolist(), tree.parents[0].tolist()
+        kept, new_parents = as_list(got[0]), as_list(got[1])
+        if kept != want_kept:
+            raise CheckFailed(f"{label}: expected the nodes {want_kept} to be kept, got {kept}. Keep the "
+                              f"{budget} highest scores, and list their indices in increasing order.")
+        if new_parents != want_parents:
+            raise CheckFailed(f"{label}: kept {kept} rightly, but expected their parents {want_parents}, got "
+                              f"{new_parents}. A parent is given by its place among the kept nodes, not by its "
+                              f"index among the candidates; -1 stays -1.")
+    print(f"check_keep_best: all {len(cases)} cases passed.")
+
+
+def check_after_rejection(fn) -> None:
+    """Check ``fn(r, token, q) -> left`` (chapter 9) against
+    :func:`logitlab.tree_verification.after_rejection`: the target's distribution left for the next
+    sibling after ``token``, drawn from ``q`` (``None``: chosen, a point mass), was rejected. Both
+    are compared normalised, so ``fn`` may normalise or not."""
+    from ..tree_verification import after_rejection
+
+    t = torch.tensor
+    cases = [
+        ("a chosen candidate (q=None)", t([0.5, 0.3, 0.2]), 0, None),
+        ("a sampled candidate", t([0.5, 0.3, 0.2]), 1, t([0.2, 0.6, 0.2])),
+        ("r not normalised, chosen candidate", t([0.2, 0.2, 0.0, 0.1]), 3, None),
+        ("r not normalised, sampled candidate", t([0.1, 0.3, 0.1]), 0, t([0.4, 0.4, 0.2])),
+        ("q equal to r: nothing would be left", t([0.5, 0.5]), 0, t([0.5, 0.5])),
+        ("a chosen candidate the target gives no probability", t([0.0, 0.7, 0.3]), 0, None),
+    ]
+    for name, r, token, q in cases:
+        label = f"Case {name} (r={show(r)}, token={token}, q={None if q is None else show(q)})"
+        got = call_unchanged(fn, label, r, token, q, what="r (work on a copy: r is the target's distribution)")
+        want = after_rejection(r, token, q)
+        want = want / want.sum()
+        if not isinstance(got, torch.Tensor) or got.shape != r.shape:
+            raise CheckFailed(f"{label}: expected a tensor of r's shape {tuple(r.shape)}, got {got!r}.")
+        total = float(got.sum())
+        if not (total > 0 and torch.isfinite(got).all() and (got >= 0).all()):
+            raise CheckFailed(f"{label}: expected {show(want)}, got {show(got)}: what is left must be "
+                              "non-negative with a positive sum. When max(0, r - q) is zero everywhere, "
+                              "rejection could not happen: return r itself.")
+        if not torch.allclose(got.float() / total, want, atol=1e-5):
+            hint = ("A chosen candidate is a point mass: remove its token, keep the rest." if q is None else
+                    "Normalise r before subtracting q, then keep max(0, r - q).")
+            raise CheckFailed(f"{label}: expected {show(want)} (normalised), got {show(got.float() / total)}. {hint}")
+    print(f"check_after_rejection: all {len(cases)} cases passed.")
