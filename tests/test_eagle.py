@@ -126,10 +126,18 @@ def test_a_fixed_tree_is_the_dynamic_tree_that_expands_every_node():
     drafter = FeatureDrafter(target)
     torch.nn.init.normal_(drafter.fc.weight, std=0.2, generator=torch.Generator().manual_seed(1))  # reads features too
     prompts = [[1, 2, 3], [4, 5]]
-    runs = [speculative_generate(target, EagleDrafter(drafter, tree=tree), prompts, gamma=2, max_new_tokens=20,
-                                 temperature=0, eos_token_id=[])
-            for tree in (dict(top_k=3, nodes=12), dict(branching=(3, 3)))]
+    class Proposals(EagleDrafter):  # keeps every tree it proposes
+        def propose(self, *args, **kwargs):
+            tree = super().propose(*args, **kwargs)
+            self.trees = getattr(self, "trees", []) + [tree]
+            return tree
+
+    drafters = [Proposals(drafter, tree=tree) for tree in (dict(top_k=3, nodes=12), dict(branching=(3, 3)))]
+    runs = [speculative_generate(target, d, prompts, gamma=2, max_new_tokens=20, temperature=0, eos_token_id=[])
+            for d in drafters]
     assert runs[0].accepted == runs[1].accepted and runs[0].model_calls == runs[1].model_calls
+    for dynamic, fixed in zip(*(d.trees for d in drafters)):  # the same tokens in the same places
+        assert torch.equal(dynamic.tokens, fixed.tokens) and dynamic.rows() == fixed.rows()
 
 
 @pytest.mark.parametrize("tree", [None, dict(top_k=2, nodes=5), dict(top_k=3, nodes=8), dict(branching=(3, 2, 1)),
