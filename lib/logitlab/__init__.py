@@ -8,8 +8,8 @@
 Each module follows a chapter of the book and says which one.
 """
 
-from . import (checks, decoding, devices, drafter, drafters, eagle, fast_cpu, lookahead, medusa, metrics, penalties,
-               processors, speculative, tree, tree_verification, training, typical_acceptance, viz)
+from . import (checks, constrained, decoding, devices, drafter, drafters, eagle, fast_cpu, lookahead, medusa, metrics, penalties,
+               processors, regex_automaton, speculative, tree, tree_verification, training, typical_acceptance, viz)
 from .decoding import GenerationResult
 from .devices import generator
 from .models import device, load, next_token_logits, toy_bigram, toy_model
@@ -20,12 +20,16 @@ from .beam import BeamSearchResult, beam_search
 from .best_of_n import BestOfN, best_of_n
 from .speculative import SpeculativeResult, speculative_generate
 from .typical_acceptance import TypicalAcceptance, typical_accept
+from .constrained import Constraint
 from .tree import TokenTree, gumbel_top_k, sample_tree, score_paths, score_tree, tree_attention_mask, tree_position_ids
 
 __version__ = "0.1.0"
 
 __all__ = [
     "checks",
+    "constrained",
+    "Constraint",
+    "regex_automaton",
     "decoding",
     "drafter",
     "fast_cpu",

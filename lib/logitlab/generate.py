@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from ._validate import check_generator
+from .constrained import advance_rows, constraint_rows, mask_rows
 from .decoding import (GenerationResult, check_counts, check_model, decode_texts, eos_ids, forward, prompt_batch,
                        token_logprobs)
 from .devices import model_device, now
@@ -54,6 +55,7 @@ def generate(
     generator: torch.Generator | None = None,
     attention_mask: torch.Tensor | None = None,
     config: SamplingConfig | None = None,
+    constraint=None,
 ) -> GenerationResult:
     """Generate up to ``max_new_tokens`` tokens after each prompt.
 
@@ -62,7 +64,10 @@ def generate(
     ``tokenizer``, a string or a list of strings. The sampling settings are the keyword
     arguments or a ``SamplingConfig`` (``config=``), not both. ``eos_token_id`` is an id or a
     list of ids; ``None`` takes the model's ``generation_config`` (pass ``[]`` for none).
-    ``stop`` is a string or a list of strings and needs ``tokenizer``.
+    ``stop`` is a string or a list of strings and needs ``tokenizer``. ``constraint`` is a
+    ``logitlab.Constraint`` (every output must match its pattern) or a list with one per prompt
+    (None for none); each output then matches its pattern when it ends on EOS, and within
+    ``max_new_tokens`` in any case (tokens after which no match fits are masked too).
     """
     config = _merge_config(config, dict(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
@@ -77,6 +82,7 @@ def generate(
     check_generator(generator, device)
     began = now(device)
     state, cache, logits = _prefill(model, ids, mask, n, max_new_tokens)
+    state.constraints = constraint_rows(constraint, len(ids), n, max_new_tokens)
     prefill_seconds = now(device) - began
     _decode(model, state, cache, logits, config, generator, eos, min_new_tokens, stops, tokenizer)
     return state.result(tokenizer, n, prefill_seconds, now(device) - began)
@@ -104,6 +110,8 @@ def _decode(model, state, cache, logits, config, generator, eos, min_new_tokens,
         allowed = logits
         if index < min_new_tokens and eos:
             allowed = logits.index_fill(-1, eos_tensor, float("-inf"))  # EOS impossible for now
+        if state.constraints:
+            allowed = state.constrain(allowed, max_new_tokens - index)
         tokens = state.choose(logits, allowed, config, generator)
         all_done, keep = state.finish(tokens, eos_tensor, stops, tokenizer, last=index == max_new_tokens - 1)
         if all_done:
@@ -151,6 +159,17 @@ class _Rows:
         self.lengths, self.reasons, self.texts = [max_new_tokens] * rows, ["length"] * rows, [None] * rows
         self.active = torch.arange(rows, device=ids.device)
         self.model_calls, self.step_seconds = 1, []
+        self.constraints, self.automaton = None, [0] * rows  # each row's Constraint and its state
+
+    def constrain(self, allowed, tokens_left: int):
+        """Mask what each active row's constraint forbids in its current state."""
+        rows = self.active.tolist()
+        allowed = mask_rows([self.constraints[r] for r in rows], [self.automaton[r] for r in rows], allowed,
+                            tokens_left)
+        if bool(torch.isinf(allowed).all(dim=-1).any()):
+            raise ValueError("the constraint leaves no token to choose: min_new_tokens forbids EOS where the "
+                             "pattern allows nothing else")
+        return allowed
 
     def choose(self, logits, allowed, config, generator):
         """Choose each active row's next token from ``allowed`` (the logits with the tokens that
@@ -164,6 +183,11 @@ class _Rows:
         output = so_far if config.presence_penalty or config.frequency_penalty else None
         tokens, processed = next_token(allowed, config, context, output, generator)
         self.output[self.active, self.steps] = tokens
+        if self.constraints:
+            rows = self.active.tolist()
+            moved = advance_rows([self.constraints[r] for r in rows], [self.automaton[r] for r in rows], tokens)
+            for r, automaton_state in zip(rows, moved):
+                self.automaton[r] = automaton_state
         self.raw_lp[self.active, self.steps] = token_logprobs(logits, tokens)
         if config.temperature > 0:  # greedy picks its token with probability 1: log-prob 0
             self.sampled_lp[self.active, self.steps] = token_logprobs(processed, tokens)

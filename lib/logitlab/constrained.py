@@ -1,0 +1,258 @@
+"""Constrained decoding: from a byte automaton to one token mask per step.
+
+Chapter 10 ("When the output must match a pattern") explains this module.
+
+``regex_automaton`` turns a pattern into a deterministic automaton over bytes. A model emits
+*tokens*, each a string of bytes, so this module walks every token from every state of the
+automaton once, in one vectorised pass (``build_index``): the tokens that keep the output
+completable from a state are the ones whose walk ends in a live state, and that state is where
+the token leads. Decoding is then a lookup per step: mask every other token, choose, move on.
+
+``Constraint`` is the object the book's loops take (``ll.generate(..., constraint=)``, beam
+search, the speculative loop) and also a Hugging Face ``LogitsProcessor``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import LogitsProcessor
+
+from .regex_automaton import ByteDFA, compile_regex
+
+
+def byte_decoder() -> dict[str, int]:
+    """Byte-level BPE writes each byte as one printable character (GPT-2's table): the bytes
+    that are printable Latin-1 characters stand for themselves, the other 68 are shifted to
+    the characters from U+0100 on. This is the inverse: character -> byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    table, shifted = {chr(b): b for b in printable}, 0
+    for b in range(256):
+        if b not in printable:
+            table[chr(256 + shifted)] = b
+            shifted += 1
+    return table
+
+
+def vocabulary_bytes(tokenizer) -> list[bytes | None]:
+    """The bytes of every token of a byte-level BPE tokenizer; ``None`` for special tokens
+    (they are not text, so no pattern can contain them)."""
+    decoder = byte_decoder()
+    special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}))
+    vocab = []
+    for token_id, piece in enumerate(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))):
+        if token_id in special or piece is None:
+            vocab.append(None)
+        elif all(char in decoder for char in piece):
+            vocab.append(bytes(decoder[char] for char in piece))
+        else:
+            raise ValueError(f"tokenizer must be a byte-level BPE tokenizer (token {token_id} is {piece!r}); "
+                             "pass vocab= with the bytes of every token instead")
+    return vocab
+
+
+@dataclass
+class TokenIndex:
+    """For every state of the automaton, the tokens allowed there (sorted) and where each leads:
+    those of state ``s`` are ``tokens[offsets[s]:offsets[s + 1]]`` and ``targets[...]`` (the
+    compressed-sparse-row layout). ``remaining[s]`` is the fewest tokens that complete a match
+    from ``s`` (0 in an accepting state)."""
+    offsets: torch.Tensor    # [states + 1] long
+    tokens: torch.Tensor     # [pairs] long
+    targets: torch.Tensor    # [pairs] long
+    accepting: torch.Tensor  # [states] bool
+    remaining: torch.Tensor  # [states] long
+
+
+def byte_matrix(vocab: list[bytes | None]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every token's bytes as a row, longest tokens first: ``(rows [vocab, longest] padded
+    with 256, their token ids)``. Sorting lets each byte column touch only the tokens that
+    are that long: most tokens are short, a few are very long."""
+    lengths = torch.tensor([len(data) if data else 0 for data in vocab])
+    order = lengths.argsort(descending=True, stable=True)
+    padded = torch.full((len(vocab), max(int(lengths.max()), 1)), 256, dtype=torch.long)
+    flat = b"".join(vocab[i] for i in order.tolist() if vocab[i])
+    sorted_lengths = lengths[order]
+    padded[torch.arange(padded.shape[1]) < sorted_lengths[:, None]] = \
+        torch.frombuffer(bytearray(flat), dtype=torch.uint8).long()
+    return padded, order
+
+
+def token_walks(dfa: ByteDFA, padded: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+    """Where each token (a row of ``byte_matrix``) ends when read from each state of
+    ``states``: ``[len(states), vocab]``, -1 where the walk leaves the live states."""
+    dead = dfa.num_states  # -1 becomes a state of its own that stays dead
+    table = torch.cat([dfa.table.long(), torch.full((1, 256), dead)])
+    table[table < 0] = dead
+    table = table.flatten()
+    here = states[:, None].repeat(1, padded.shape[0])
+    long_enough = (padded != 256).sum(dim=0).tolist()  # tokens with a byte in each column
+    for column, count in zip(padded.T, long_enough):
+        here[:, :count] = table[here[:, :count] * 256 + column[:count]]
+    return here.masked_fill((here == dead) | (padded[:, 0] == 256), -1)  # an empty token never helps
+
+
+def build_index(dfa: ByteDFA, vocab: list[bytes | None], chunk: int = 64) -> TokenIndex:
+    """Walk every (state, token) pair once (``chunk`` states at a time, to bound memory)."""
+    padded, order = byte_matrix(vocab)
+    rows, columns, targets = [], [], []
+    for first in range(0, dfa.num_states, chunk):
+        ends = token_walks(dfa, padded, torch.arange(first, min(first + chunk, dfa.num_states)))
+        state, where = (ends >= 0).nonzero(as_tuple=True)
+        rows.append(state + first)
+        columns.append(order[where])
+        targets.append(ends[state, where])
+    rows, tokens, targets = torch.cat(rows), torch.cat(columns), torch.cat(targets)
+    by_token = (rows * len(vocab) + tokens).argsort()  # each state's tokens in id order
+    rows, tokens, targets = rows[by_token], tokens[by_token], targets[by_token]
+    offsets = torch.zeros(dfa.num_states + 1, dtype=torch.long)
+    offsets[1:] = torch.bincount(rows, minlength=dfa.num_states).cumsum(0)
+    return TokenIndex(offsets, tokens, targets, dfa.accepting, fewest_tokens(dfa.accepting, rows, targets))
+
+
+def fewest_tokens(accepting: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Shortest paths in tokens to an accepting state (Bellman-Ford: relax every edge until
+    nothing changes). States that cannot finish keep a huge value."""
+    far = torch.iinfo(torch.long).max // 2
+    distance = torch.where(accepting, 0, far)
+    while True:
+        through = torch.full_like(distance, far).scatter_reduce(0, sources, distance[targets] + 1, reduce="amin")
+        shorter = torch.minimum(distance, through)
+        if torch.equal(shorter, distance):
+            return distance
+        distance = shorter
+
+
+class Constraint(LogitsProcessor):
+    """The outputs a pattern allows, compiled once for one vocabulary.
+
+    ``Constraint(pattern, tokenizer)`` takes a regular expression (see ``regex_automaton``) and
+    a byte-level BPE tokenizer; ``vocab=`` (the bytes of every token, ``None`` for tokens that
+    are not text) replaces the tokenizer, as for the book's toy vocabularies. The end-of-sequence
+    tokens (``eos_token_id``: an id or a list; default the tokenizer's) are allowed only where
+    the output so far matches the whole pattern.
+
+    A state is an ``int``, 0 at the start. The book's loops hold one state per row and call
+    ``mask`` and ``advance``; called as ``(input_ids, scores)`` it is a Hugging Face
+    ``LogitsProcessor`` that reads the state off the tokens after the prompt (the prompt is what
+    the first call sees: use a new ``Constraint``, or ``reset()``, for each ``generate``).
+    """
+
+    def __init__(self, pattern: str, tokenizer=None, *, vocab=None, eos_token_id=None):
+        if (tokenizer is None) == (vocab is None):
+            raise ValueError("pass either tokenizer= or vocab= (the bytes of every token), not both")
+        vocab = vocabulary_bytes(tokenizer) if vocab is None else list(vocab)
+        if eos_token_id is None:
+            eos_token_id = getattr(tokenizer, "eos_token_id", None)
+        if eos_token_id is None:
+            raise ValueError("eos_token_id is needed: an id or a list of ids of the end-of-sequence tokens")
+        self.eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+        if any(not 0 <= e < len(vocab) or vocab[e] for e in self.eos):
+            raise ValueError(f"eos_token_id must be ids of tokens without text, got {eos_token_id}")
+        self.pattern, self.vocab_size = pattern, len(vocab)
+        self.dfa = compile_regex(pattern)
+        self.index = build_index(self.dfa, vocab)
+        if self.fewest_tokens >= torch.iinfo(torch.long).max // 2:
+            raise ValueError(f"pattern {pattern!r}: no sequence of this vocabulary's tokens matches it")
+        self._devices: dict = {}
+        self.reset()
+
+    def __repr__(self) -> str:
+        return f"Constraint({self.pattern!r}, states={self.dfa.num_states})"
+
+    @property
+    def fewest_tokens(self) -> int:
+        """The fewest tokens of any output that matches (EOS not counted)."""
+        return int(self.index.remaining[0])
+
+    def check_budget(self, max_new_tokens: int) -> None:
+        if self.fewest_tokens > max_new_tokens:
+            raise ValueError(f"max_new_tokens={max_new_tokens} is too few: every output that matches "
+                             f"{self.pattern!r} takes at least {self.fewest_tokens} tokens")
+
+    def allowed(self, state: int, tokens_left: int | None = None) -> torch.Tensor:
+        """The token ids allowed in ``state`` (EOS included where the output is complete);
+        with ``tokens_left`` (this one included), only those after which a match still fits."""
+        if state < 0:  # off the pattern (only a Hugging Face loop gets there): end it
+            return torch.tensor(self.eos)
+        span = slice(int(self.index.offsets[state]), int(self.index.offsets[state + 1]))
+        tokens = self.index.tokens[span]
+        if tokens_left is not None:
+            tokens = tokens[self.index.remaining[self.index.targets[span]] < tokens_left]
+        if self.index.accepting[state]:
+            tokens = torch.cat([tokens, torch.tensor(self.eos)])
+        return tokens
+
+    def next_state(self, state: int, token: int) -> int:
+        """The state after ``token``; EOS keeps the state; -1 if ``token`` is not allowed."""
+        if token in self.eos or state < 0:
+            return state
+        span = slice(int(self.index.offsets[state]), int(self.index.offsets[state + 1]))
+        where = int(torch.searchsorted(self.index.tokens[span], token))
+        if where < span.stop - span.start and int(self.index.tokens[span][where]) == token:
+            return int(self.index.targets[span][where])
+        return -1
+
+    def is_complete(self, state: int) -> bool:
+        return state >= 0 and bool(self.index.accepting[state])
+
+    def reset(self) -> None:
+        """Forget the prompt length and the states a Hugging Face loop has seen."""
+        self.prompt_length, self.seen = None, {(): 0}
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.prompt_length is None:
+            self.prompt_length = input_ids.shape[1]
+        states = [self.state_of(tuple(row[self.prompt_length:].tolist())) for row in input_ids]
+        return mask_rows([self] * len(states), states, scores)
+
+    def state_of(self, generated: tuple) -> int:
+        """The state after the tokens ``generated``, remembered for the next step's call."""
+        if generated not in self.seen:
+            self.seen[generated] = self.next_state(self.state_of(generated[:-1]), generated[-1])
+        return self.seen[generated]
+
+
+def mask_rows(constraints, states, logits: torch.Tensor, tokens_left: int | None = None) -> torch.Tensor:
+    """``logits`` ``[rows, vocab]`` with -inf wherever row i's constraint forbids the token in
+    ``states[i]`` (a row whose constraint is None keeps its logits)."""
+    keep = torch.ones_like(logits, dtype=torch.bool)
+    for row, (constraint, state) in enumerate(zip(constraints, states)):
+        if constraint is None:
+            continue
+        if constraint.vocab_size > logits.shape[-1]:
+            raise ValueError(f"the constraint has {constraint.vocab_size} tokens, the logits {logits.shape[-1]}")
+        keep[row] = False
+        keep[row, constraint.allowed(state, tokens_left).to(logits.device)] = True
+    return logits.masked_fill(~keep, float("-inf"))
+
+
+def advance_rows(constraints, states, tokens: torch.Tensor) -> list[int]:
+    """Each row's state after its chosen token; ``ValueError`` if a token was not allowed."""
+    moved = []
+    for constraint, state, token in zip(constraints, states, tokens.tolist()):
+        if constraint is None:
+            moved.append(state)
+            continue
+        moved.append(constraint.next_state(state, token))
+        if moved[-1] < 0:
+            raise ValueError(f"token {token} is not allowed in state {state} of {constraint!r}")
+    return moved
+
+
+def constraint_rows(constraint, prompts: int, copies: int, max_new_tokens: int) -> list | None:
+    """The ``constraint=`` argument of the book's loops as one entry per row: one
+    ``Constraint`` for every prompt, or a list with one (or None) per prompt, each repeated for
+    the ``copies`` samples of its prompt."""
+    if constraint is None:
+        return None
+    if isinstance(constraint, Constraint):
+        constraint = [constraint] * prompts
+    if not isinstance(constraint, (list, tuple)) or len(constraint) != prompts or \
+            not all(c is None or isinstance(c, Constraint) for c in constraint):
+        raise ValueError(f"constraint must be a Constraint or a list of {prompts} (one per prompt, None for none)")
+    for c in constraint:
+        if c is not None:
+            c.check_budget(max_new_tokens)
+    return [c for c in constraint for _ in range(copies)]
