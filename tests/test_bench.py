@@ -39,7 +39,7 @@ def test_bench_prints_a_table_and_writes_json(capsys, tmp_path, monkeypatch):
                         lambda fns, repeat=1, warmup=0: timing.interleaved_median_times(fns, repeat=1, warmup=0))
     monkeypatch.setattr(basics, "median_time", lambda fn, repeat=1, warmup=0: timing.median_time(fn, 1, 0))
     out_file = tmp_path / "bench.json"
-    bench.main(["--skip-load", "--skip-verification", "--skip-generate", "--skip-speculative", "--skip-typical", "--skip-eagle", "--skip-pass", "--json", str(out_file)])
+    bench.main(["--skip-load", "--skip-verification", "--skip-generate", "--skip-speculative", "--skip-typical", "--skip-eagle", "--skip-pass", "--skip-constrained", "--json", str(out_file)])
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ") and " ms |" in line]
     assert len(rows) == 16  # 8 sampling rows, then 8 of batch sampling, tree scoring and beam search
@@ -225,20 +225,23 @@ def test_quick_runs_every_table_with_fewer_settings(monkeypatch, tmp_path):
     monkeypatch.setattr(run.models, "load", lambda *a, **k: (fake, None))
     monkeypatch.setattr(run, "cached_prefix", lambda tokenizer: [1, 2, 3])
     for name in ["bench_verification", "bench_llama_cpp", "bench_sampling", "bench_generate", "bench_parallel",
-                 "bench_speculative", "bench_draft_model", "bench_typical", "bench_eagle", "bench_pass"]:
+                 "bench_speculative", "bench_draft_model", "bench_typical", "bench_eagle", "bench_pass",
+                 "bench_constrained"]:
         monkeypatch.setattr(run, name, lambda *a, name=name, **k: calls.setdefault(name, k) and None)
     run.main(["--skip-load", "--quick", "--json", str(tmp_path / "quick.json")])
     assert set(calls) == {"bench_verification", "bench_llama_cpp", "bench_sampling", "bench_generate", "bench_parallel",
-                          "bench_speculative", "bench_draft_model", "bench_typical", "bench_eagle", "bench_pass"}
+                          "bench_speculative", "bench_draft_model", "bench_typical", "bench_eagle", "bench_pass",
+                          "bench_constrained"}
     assert calls["bench_verification"] == {"rounds": 4}
-    for name in ["bench_generate", "bench_speculative", "bench_draft_model", "bench_typical", "bench_eagle", "bench_pass"]:
+    for name in ["bench_generate", "bench_speculative", "bench_draft_model", "bench_typical", "bench_eagle", "bench_pass",
+                 "bench_constrained"]:
         assert calls[name]["repeat"] == 2, name
     assert calls["bench_typical"]["temperatures"] == (0.0, 1.0)
     assert calls["bench_pass"]["ks"] == (1, 2, 4, 8) and calls["bench_pass"]["single_ks"] == (1, 2)
     calls.clear()
     run.main(["--skip-load", "--json", str(tmp_path / "full.json")])  # the full run: each part's defaults
     assert calls["bench_typical"] == {} and calls["bench_pass"] == {} and calls["bench_verification"] == {}
-    assert calls["bench_eagle"] == {}
+    assert calls["bench_eagle"] == {} and calls["bench_constrained"] == {}
 
 
 def test_llama_cpp_rows_are_skipped_with_a_message_without_llama_cpp_python(monkeypatch, capsys):
@@ -250,3 +253,19 @@ def test_llama_cpp_rows_are_skipped_with_a_message_without_llama_cpp_python(monk
     table = bench.Table()
     llamacpp.bench_llama_cpp(table, None, [1, 2, 3])
     assert table.rows == [] and "pip install llama-cpp-python" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_constrained_rows():
+    """The index build beside outlines-core's, and a step with and without the mask."""
+    pytest.importorskip("outlines_core")
+    import logitlab as ll
+    from logitlab.bench.constrained import bench_constrained
+
+    model, tokenizer = ll.load("smollm2-135m", device="cpu")
+    table = bench.Table()
+    bench_constrained(table, model, tokenizer, repeat=1)
+    names = [r["measurement"] for r in table.rows]
+    assert len(names) == 6 and "outlines-core" in names[1] and "outlines-core" in names[3] and "constraint" in names[5]
+    assert all(r["seconds"] > 0 for r in table.rows)
+    assert all(table.rows[i]["ratio"] > 0 for i in (0, 2, 5))

@@ -2,6 +2,7 @@
 hand-made vocabularies, ``outlines-core`` as an oracle on the real vocabulary, and every output
 of the decoding loops checked with ``re.fullmatch``."""
 
+import json
 import random
 import re
 
@@ -275,3 +276,209 @@ def test_the_constraint_arguments_of_generate(smollm2):
                        constraint=[Constraint("(yes|no)", tokenizer), None])
     alone = ll.generate(model, prompt, tokenizer=tokenizer, max_new_tokens=6, temperature=0)
     assert both.texts[0] in ("yes", "no") and both.new_tokens[1].tolist() == alone.new_tokens[0].tolist()
+
+
+# -- Every loop: beam search, speculative decoding -------------------------------------------
+
+TOY_VOCAB = [b"a", b"b", b"ab", b"c", None]  # token 4 is EOS
+TOY_PATTERN = r"(a|b)+c?"
+
+
+def masked_sequence_probs(model, prompt, length, config, constraint, eos=4):
+    """Every continuation of up to ``length`` tokens and its exact probability under the
+    model masked by ``constraint`` (with the token budget), then processed by ``config``."""
+    from logitlab.constrained import mask_rows
+    from logitlab.sampling import process_logits
+    probs = {}
+
+    def grow(seq, state, prob):
+        if len(seq) == length or (seq and seq[-1] == eos):
+            probs[tuple(seq)] = probs.get(tuple(seq), 0.0) + prob
+            return
+        logits = model(torch.tensor([list(prompt) + seq])).logits[0, -1]
+        masked = mask_rows([constraint], [state], logits[None], length - len(seq))
+        dist = torch.softmax(process_logits(masked, config)[0], dim=-1)
+        for token in range(len(dist)):
+            if dist[token] > 0:
+                grow(seq + [token], constraint.next_state(state, token), prob * dist[token].item())
+
+    grow([], 0, 1.0)
+    return probs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("settings", [dict(temperature=1.0), dict(temperature=0.8, top_k=2)], ids=["T=1", "T=0.8 top-k 2"])
+def test_speculative_decoding_reproduces_the_masked_target(settings):
+    """Constrained drafts and a masked target: the loop's output follows the masked target
+    exactly (chi-square, false-positive rate 1e-4 per test), like ``ll.generate``'s; the same
+    samples fail against the unmasked target (the test can tell the two apart)."""
+    from scipy.stats import chisquare
+    from logitlab.drafters import DraftModelDrafter
+    from logitlab.sampling import SamplingConfig
+    target = ll.toy_model(vocab_size=5, order=2, seed=0)
+    drafter = DraftModelDrafter(ll.toy_model(vocab_size=5, order=3, seed=9))
+    constraint = Constraint(TOY_PATTERN, vocab=TOY_VOCAB, eos_token_id=4)
+    rows = 10_000
+    probs = masked_sequence_probs(target, [1, 2], 3, SamplingConfig(**settings), constraint)
+
+    def pvalue(samples, expected):
+        counts = {}
+        for s in samples:
+            counts[tuple(s.tolist())] = counts.get(tuple(s.tolist()), 0) + 1
+        assert set(counts) <= set(expected), "an output of probability 0"
+        keys, total = sorted(expected), sum(expected.values())
+        return chisquare([counts.get(k, 0) for k in keys], [rows * expected[k] / total for k in keys]).pvalue
+
+    spec = ll.speculative_generate(target, drafter, [[1, 2]], gamma=2, max_new_tokens=3, eos_token_id=[4],
+                                   num_return_sequences=rows, generator=torch.Generator().manual_seed(0),
+                                   constraint=constraint, **settings)
+    plain = ll.generate(target, [[1, 2]], max_new_tokens=3, eos_token_id=[4], num_return_sequences=rows,
+                        generator=torch.Generator().manual_seed(1), constraint=constraint, **settings)
+    assert pvalue(spec.new_tokens, probs) > 1e-4
+    assert pvalue(plain.new_tokens, probs) > 1e-4
+    assert 0 < spec.alpha < 1
+    unmasked = ll.generate(target, [[1, 2]], max_new_tokens=3, eos_token_id=[4], num_return_sequences=rows,
+                           generator=torch.Generator().manual_seed(2), **settings)
+    outside = sum(tuple(t.tolist()) not in probs for t in unmasked.new_tokens)
+    assert outside > 50  # without the mask, many outputs are ones the constraint forbids
+
+
+@pytest.mark.slow
+def test_speculative_decoding_under_a_constraint_is_greedy_at_temperature_0(smollm2):
+    model, tokenizer = smollm2
+    from logitlab.drafters import DraftModelDrafter, PromptLookupDrafter, load_pretrained
+    pattern = r'\{"name": "[A-Za-z ]{1,20}", "age": [0-9]{1,3}\}'
+    prompts = [chat(tokenizer, "Describe a person as JSON with name and age."), chat(tokenizer, "Say yes or no.")]
+    constraints = [Constraint(pattern, tokenizer), Constraint("(yes|no)", tokenizer)]
+    plain = ll.generate(model, prompts, tokenizer=tokenizer, max_new_tokens=30, temperature=0, constraint=constraints)
+    for drafter in (DraftModelDrafter(load_pretrained(model)), PromptLookupDrafter(len(tokenizer))):
+        spec = ll.speculative_generate(model, drafter, prompts, tokenizer=tokenizer, gamma=4, max_new_tokens=30,
+                                       temperature=0, constraint=constraints)
+        assert [t.tolist() for t in spec.new_tokens] == [t.tolist() for t in plain.new_tokens]
+    assert re.fullmatch(pattern, plain.texts[0]) and plain.texts[1] in ("yes", "no")
+
+
+@pytest.mark.slow
+def test_beam_search_under_a_constraint_equals_hugging_face(smollm2):
+    """Where Hugging Face's beams end on EOS, both searches return the same hypotheses with the
+    same scores; where its beams run out of tokens inside the pattern, ours still match it
+    (they finish within the budget)."""
+    model, tokenizer = smollm2
+    for pattern, question in [(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", "When did the Berlin Wall fall? Give the date."),
+                              (r"(positive|negative|neutral)", "Is 'I loved it' positive or negative?")]:
+        prompt = chat(tokenizer, question)
+        ours = ll.beam_search(model, prompt, tokenizer=tokenizer, num_beams=4, max_new_tokens=12,
+                              num_return_sequences=4, constraint=Constraint(pattern, tokenizer))
+        ids = tokenizer(prompt, return_tensors="pt")
+        theirs = model.generate(**ids, num_beams=4, max_new_tokens=12, do_sample=False, num_return_sequences=4,
+                                output_scores=True, return_dict_in_generate=True,
+                                logits_processor=LogitsProcessorList([Constraint(pattern, tokenizer)]))
+        for hyp, seq, score in zip(ours.hypotheses[0], theirs.sequences, theirs.sequences_scores):
+            assert hyp.tokens.tolist() == seq[ids.input_ids.shape[1]:][:len(hyp.tokens)].tolist()
+            assert hyp.score == pytest.approx(float(score), abs=1e-3)
+            assert re.fullmatch(pattern, hyp.text)
+    tight = r"[A-Z][a-z]+( [a-z]+){0,3}\."
+    short = ll.beam_search(model, chat(tokenizer, "Name a fruit."), tokenizer=tokenizer, num_beams=4,
+                           max_new_tokens=8, num_return_sequences=4, constraint=Constraint(tight, tokenizer))
+    assert len(short.hypotheses[0]) == 4 and all(re.fullmatch(tight, h.text) for h in short.hypotheses[0])
+
+
+# -- JSON Schema ---------------------------------------------------------------------------
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0},
+        "city": {"enum": ["Paris", "Tokyo", "Lima"]},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
+        "score": {"type": "number"},
+        "member": {"type": "boolean"},
+        "address": {"type": "object", "properties": {"zip": {"type": ["integer", "null"]}}, "required": ["zip"]},
+    },
+    "required": ["name", "age", "city", "tags", "score", "member", "address"],
+}
+
+
+def test_json_schema_regex_accepts_valid_documents_and_rejects_others():
+    from logitlab.json_schema import to_regex
+    pattern = to_regex(PERSON)
+    good = {"name": "Ana", "age": 31, "city": "Lima", "tags": ["a", "bé"], "score": -2.5e3, "member": True,
+            "address": {"zip": None}}
+    for separators in ((",", ":"), (", ", ": ")):
+        assert re.fullmatch(pattern, json.dumps(good, separators=separators, ensure_ascii=False))
+    bad = [dict(good, age=-1), dict(good, city="Rome"), dict(good, tags=["a"] * 4), dict(good, name=""),
+           dict(good, tags=["toolongtag"]), dict(good, member="yes"), {k: good[k] for k in list(good)[::-1]}]
+    for document in bad:
+        assert not re.fullmatch(pattern, json.dumps(document, ensure_ascii=False)), document
+    assert not re.fullmatch(pattern, json.dumps(good, indent=2))  # newlines are not in the default whitespace
+    assert re.fullmatch(to_regex(PERSON, whitespace=r"\s*"), json.dumps(good, indent=2))
+
+
+@pytest.mark.parametrize("schema,match", [
+    ({"type": "object", "properties": {"a": {"type": "string"}}}, "optional properties"),
+    ({"$ref": "#"}, "'\\$ref' is not supported"),
+    ({"type": "string", "pattern": "a+"}, "'pattern' is not supported"),
+    ({"type": "integer", "minimum": 5}, "minimum 5"),
+    ({"type": "string", "format": "email"}, "format 'email'"),
+    ({"type": "tuple"}, "type 'tuple'"),
+    ({"type": "array", "minItems": 3, "maxItems": 1}, "maxItems is below"),
+    ({"type": "array", "items": {"type": "array", "items": {"type": "array"}}}, "max_depth"),
+    ("string", "must be a dict"),
+])
+def test_schemas_outside_the_subset_raise(schema, match):
+    from logitlab.json_schema import to_regex
+    with pytest.raises(ValueError, match=match):
+        to_regex(schema, max_depth=2)
+
+
+@pytest.mark.slow
+def test_every_sampled_json_document_parses_and_validates(smollm2):
+    jsonschema = pytest.importorskip("jsonschema")
+    from logitlab.json_schema import to_regex
+    model, tokenizer = smollm2
+    schema = {"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0},
+        "city": {"enum": ["Paris", "Tokyo", "Lima"]}, "pets": {"type": "array", "items": {"type": "string", "maxLength": 8},
+                                                                "maxItems": 2}},
+        "required": ["name", "age", "city", "pets"]}
+    out = ll.generate(model, chat(tokenizer, "Describe a person as JSON."), tokenizer=tokenizer, max_new_tokens=48,
+                      temperature=1.0, num_return_sequences=200, generator=ll.generator(model, seed=0),
+                      constraint=Constraint(to_regex(schema), tokenizer))
+    for text in out.texts:
+        jsonschema.validate(json.loads(text), schema)
+    assert len(set(out.texts)) > 100
+
+
+# -- Masking is not conditioning -------------------------------------------------------------
+
+@pytest.mark.slow
+def test_masking_and_conditioning_are_each_what_sampling_gives_and_they_differ():
+    """On the toy model, for a pattern with 14 token sequences: constrained sampling follows
+    ``path_probabilities``' masked distribution, rejection sampling of unconstrained outputs
+    follows its conditional one (chi-square, 1e-4 each), and the two are far apart."""
+    from scipy.stats import chisquare
+    from logitlab.conditioning import path_probabilities, token_paths
+    toy = ll.toy_model(vocab_size=5, order=2, seed=0)
+    constraint = Constraint(r"(a|b){1,2}c?", vocab=TOY_VOCAB, eos_token_id=4)
+    paths = token_paths(constraint, max_tokens=4)
+    model_p, masked_p = path_probabilities(toy, [1, 2], constraint, paths)
+    conditional = model_p / model_p.sum()
+    index = {path + (4,): i for i, path in enumerate(paths)}
+
+    def counts(samples):
+        found = torch.zeros(len(paths))
+        for s in samples:
+            found[index[tuple(s.tolist())]] += 1
+        return found
+
+    masked = ll.generate(toy, [[1, 2]], max_new_tokens=5, eos_token_id=[4], num_return_sequences=20_000,
+                         generator=torch.Generator().manual_seed(0), constraint=constraint)
+    seen = counts(masked.new_tokens)
+    assert chisquare(seen, seen.sum() * masked_p).pvalue > 1e-4
+    free = ll.generate(toy, [[1, 2]], max_new_tokens=5, eos_token_id=[4], num_return_sequences=100_000,
+                       generator=torch.Generator().manual_seed(1))
+    kept = [s for s in free.new_tokens if tuple(s.tolist()) in index]  # rejection sampling: whole outputs
+    seen = counts(kept)
+    assert len(kept) > 3000 and chisquare(seen, seen.sum() * conditional).pvalue > 1e-4
+    assert 0.5 * (masked_p - conditional).abs().sum() > 0.1

@@ -8,8 +8,9 @@
 Each module follows a chapter of the book and says which one.
 """
 
-from . import (checks, constrained, decoding, devices, drafter, drafters, eagle, fast_cpu, lookahead, medusa, metrics, penalties,
-               processors, regex_automaton, speculative, tree, tree_verification, training, typical_acceptance, viz)
+from . import (checks, conditioning, constrained, decoding, devices, drafter, drafters, eagle, fast_cpu, json_schema,
+               lookahead, medusa, metrics, penalties, processors, regex_automaton, speculative, tree,
+               tree_verification, training, typical_acceptance, viz)
 from .decoding import GenerationResult
 from .devices import generator
 from .models import device, load, next_token_logits, toy_bigram, toy_model
@@ -27,7 +28,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "checks",
+    "conditioning",
     "constrained",
+    "json_schema",
     "Constraint",
     "regex_automaton",
     "decoding",

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ._validate import check_logits
+from .constrained import constraint_rows, mask_rows
 from .decoding import check_counts, check_model, eos_ids, forward, prompt_batch
 from .devices import model_device, now
 
@@ -105,6 +106,7 @@ def beam_search(
     num_return_sequences: int = 1,
     tokenizer=None,
     attention_mask: torch.Tensor | None = None,
+    constraint=None,
 ) -> BeamSearchResult:
     """Beam search with ``num_beams`` beams for up to ``max_new_tokens`` new tokens.
 
@@ -112,7 +114,10 @@ def beam_search(
     ``attention_mask``), a list of token-id lists, or text with ``tokenizer``. ``eos_token_id``
     is an id or a list of ids; ``None`` takes the model's ``generation_config`` (``[]`` for none).
     Returns the ``num_return_sequences`` best finished hypotheses of each prompt (fewer when fewer
-    sequences are possible, e.g. more beams than tokens for one new token).
+    sequences are possible, e.g. more beams than tokens for one new token). ``constraint`` (a
+    ``logitlab.Constraint``, or a list with one per prompt) keeps every beam on its pattern: the
+    tokens it forbids score as impossible, the others keep the model's own log-probabilities,
+    as with a Hugging Face logits processor.
     """
     check_model(model)
     num_beams, max_new_tokens, length_penalty, num_return_sequences = _check_arguments(
@@ -131,15 +136,19 @@ def beam_search(
     logits = step.logits[:, -1].repeat_interleave(nb, dim=0)  # [batch * nb, vocab]
     mask = mask.repeat_interleave(nb, dim=0)
     beams = _Beams(ids.shape[0], nb, logits.shape[-1], eos, length_penalty, early_stopping, max_new_tokens, device)
+    constraints = constraint_rows(constraint, ids.shape[0], nb, max_new_tokens)
     prefill_seconds, steps = now(device) - start, []
 
     for index in range(max_new_tokens):
         start = now(device)
         check_logits(logits, "the model's logits")  # a model that returns NaN must not rank beams
         last = index == max_new_tokens - 1
-        if beams.extend(logits, last) or last:
+        forbidden = beams.forbidden(logits, constraints, max_new_tokens - index) if constraints else None
+        if beams.extend(logits, last, forbidden) or last:
             steps.append(now(device) - start)
             break
+        if constraints:
+            beams.follow(constraints)
         # Feed each beam's last token, with the cache rows following the beams they extend.
         cache.batch_select_indices(beams.cache_rows())
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
@@ -177,15 +186,35 @@ class _Beams:
         self.eos_tensor = torch.tensor(eos, dtype=torch.long, device=device)
         self.rows = torch.arange(batch, device=device)[:, None]
         self.history = []
+        self.automaton = torch.zeros(batch, nb, dtype=torch.long)  # each beam's constraint state
 
-    def extend(self, logits, last: bool) -> bool:
+    def forbidden(self, logits, constraints, tokens_left: int) -> torch.Tensor:
+        """``[batch * nb, vocab]``: the tokens each beam's constraint forbids in its state."""
+        allowed = mask_rows(constraints, self.automaton.flatten().tolist(), torch.zeros_like(logits), tokens_left)
+        return torch.isinf(allowed)
+
+    def follow(self, constraints) -> None:
+        """Each new beam's automaton state: its parent's, moved by its last token (-1, off the
+        pattern, for the impossible beams that only fill empty slots)."""
+        old = self.automaton.tolist()
+        tokens, parents = self.running[:, :, -1].tolist(), self.parents.tolist()
+        for b in range(len(old)):
+            for i in range(self.nb):
+                parent_state = old[b][parents[b][i]]
+                self.automaton[b, i] = constraints[b * self.nb].next_state(parent_state, tokens[b][i]) \
+                    if constraints[b * self.nb] is not None else 0
+
+    def extend(self, logits, last: bool, forbidden=None) -> bool:
         """One step: extend every beam by every token, keep the nb best running beams, store the
         extensions that ended. Returns whether the search is over."""
         rows, nb, batch = self.rows, self.nb, self.rows.shape[0]
         step = self.running.shape[2]  # tokens in every running beam before this step
         # 1. Score every extension of every beam: beam score + the token's log-probability.
         vocab = logits.shape[-1]
-        logprobs = torch.log_softmax(logits, dim=-1).view(batch, nb, vocab)
+        logprobs = torch.log_softmax(logits, dim=-1)
+        if forbidden is not None:  # impossible, like the empty slots: never a hypothesis
+            logprobs = logprobs.masked_fill(forbidden, NEG)
+        logprobs = logprobs.view(batch, nb, vocab)
         totals = (logprobs + self.scores[:, :, None]).view(batch, nb * vocab)
         top_scores, top_index = totals.topk(self.keep)  # [batch, keep], best first
         parent, token = top_index // vocab, top_index % vocab

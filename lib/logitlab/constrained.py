@@ -4,7 +4,8 @@ Chapter 10 ("When the output must match a pattern") explains this module.
 
 ``regex_automaton`` turns a pattern into a deterministic automaton over bytes. A model emits
 *tokens*, each a string of bytes, so this module walks every token from every state of the
-automaton once, in one vectorised pass (``build_index``): the tokens that keep the output
+automaton once, in one vectorised pass (``build_index``; tokens whose bytes the automaton
+cannot tell apart are walked once for all): the tokens that keep the output
 completable from a state are the ones whose walk ends in a live state, and that state is where
 the token leads. Decoding is then a lookup per step: mask every other token, choose, move on.
 
@@ -65,47 +66,75 @@ class TokenIndex:
     remaining: torch.Tensor  # [states] long
 
 
-def byte_matrix(vocab: list[bytes | None]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every token's bytes as a row, longest tokens first: ``(rows [vocab, longest] padded
-    with 256, their token ids)``. Sorting lets each byte column touch only the tokens that
-    are that long: most tokens are short, a few are very long."""
+def byte_classes(dfa: ByteDFA) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bytes that every state treats alike form one class (for a date, the ten digits are one):
+    ``(the class of each byte [256], the move table per class [states, classes])``."""
+    moves, byte_class = torch.unique(dfa.table.T, dim=0, return_inverse=True)
+    return byte_class, moves.T.contiguous()
+
+
+def token_shapes(vocab: list[bytes | None], byte_class: torch.Tensor):
+    """Each token as its sequence of byte classes. Tokens with the same sequence walk alike, so
+    only the distinct sequences (the *shapes*, often far fewer than the tokens) are walked.
+    Returns ``(shapes [distinct, longest], lengths, shape of each token [vocab])``, longest
+    shapes first."""
     lengths = torch.tensor([len(data) if data else 0 for data in vocab])
-    order = lengths.argsort(descending=True, stable=True)
-    padded = torch.full((len(vocab), max(int(lengths.max()), 1)), 256, dtype=torch.long)
-    flat = b"".join(vocab[i] for i in order.tolist() if vocab[i])
-    sorted_lengths = lengths[order]
-    padded[torch.arange(padded.shape[1]) < sorted_lengths[:, None]] = \
-        torch.frombuffer(bytearray(flat), dtype=torch.uint8).long()
-    return padded, order
+    padded = torch.full((len(vocab), max(int(lengths.max()), 1)), -1, dtype=torch.long)
+    flat = torch.frombuffer(bytearray(b"".join(data for data in vocab if data)), dtype=torch.uint8).long()
+    padded[torch.arange(padded.shape[1]) < lengths[:, None]] = byte_class[flat]
+    shapes, shape_of = torch.unique(padded, dim=0, return_inverse=True)
+    shape_lengths = (shapes >= 0).sum(dim=1)
+    order = shape_lengths.argsort(descending=True, stable=True)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(len(order))
+    return shapes[order], shape_lengths[order], rank[shape_of]
 
 
-def token_walks(dfa: ByteDFA, padded: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
-    """Where each token (a row of ``byte_matrix``) ends when read from each state of
-    ``states``: ``[len(states), vocab]``, -1 where the walk leaves the live states."""
-    dead = dfa.num_states  # -1 becomes a state of its own that stays dead
-    table = torch.cat([dfa.table.long(), torch.full((1, 256), dead)])
-    table[table < 0] = dead
-    table = table.flatten()
-    here = states[:, None].repeat(1, padded.shape[0])
-    long_enough = (padded != 256).sum(dim=0).tolist()  # tokens with a byte in each column
-    for column, count in zip(padded.T, long_enough):
-        here[:, :count] = table[here[:, :count] * 256 + column[:count]]
-    return here.masked_fill((here == dead) | (padded[:, 0] == 256), -1)  # an empty token never helps
+def shape_trie(shapes: torch.Tensor, lengths: torch.Tensor, classes: int) -> list:
+    """The shapes as a trie: many tokens share their first bytes (BPE builds long tokens from
+    shorter ones), so walking each distinct *prefix* once does far less work than walking every
+    token to its end. One entry per depth: ``(parent, byte class, ending)``, the prefixes of that
+    many bytes as their parent's index in the level above (level 0's parent is the root, 0) and
+    their last byte's class, and ``ending = (first, last, nodes)``: shapes ``first..last - 1``
+    (longest first, so those that end here are consecutive) end at these prefixes."""
+    levels, node = [], torch.zeros(len(shapes), dtype=torch.long)
+    for depth in range(shapes.shape[1]):
+        count = int((lengths > depth).sum())
+        prefixes, node = torch.unique(node[:count] * classes + shapes[:count, depth], return_inverse=True)
+        first = int((lengths > depth + 1).sum())
+        levels.append((prefixes // classes, prefixes % classes, (first, count, node[first:count])))
+    return levels
+
+
+def token_walks(moves: torch.Tensor, trie: list, lengths: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+    """Where each shape ends when read from each state of ``states`` (``moves``: the move table
+    per byte class; ``trie``: ``shape_trie``'s levels): ``[len(states), shapes]``, -1 where the
+    walk leaves the live states."""
+    dead, classes = moves.shape  # -1 becomes a state of its own (number ``dead``) that stays dead
+    table = torch.cat([moves.long(), torch.full((1, classes), -1)])
+    table = table.masked_fill(table < 0, dead).flatten()
+    here, ends = states[:, None], torch.full((len(states), len(lengths)), dead)
+    for parent, byte_class, (first, last, nodes) in trie:
+        here = table[here[:, parent] * classes + byte_class]  # the state after every prefix this long
+        ends[:, first:last] = here[:, nodes]
+    return ends.masked_fill(ends == dead, -1)  # an empty token (length 0) stays dead: never allowed
 
 
 def build_index(dfa: ByteDFA, vocab: list[bytes | None], chunk: int = 64) -> TokenIndex:
-    """Walk every (state, token) pair once (``chunk`` states at a time, to bound memory)."""
-    padded, order = byte_matrix(vocab)
-    rows, columns, targets = [], [], []
+    """Walk every (state, token shape) pair once (``chunk`` states at a time, to bound memory),
+    then read each token's result off its shape."""
+    byte_class, moves = byte_classes(dfa)
+    shapes, lengths, shape_of = token_shapes(vocab, byte_class)
+    trie = shape_trie(shapes, lengths, moves.shape[1])
+    rows, tokens, targets = [], [], []
     for first in range(0, dfa.num_states, chunk):
-        ends = token_walks(dfa, padded, torch.arange(first, min(first + chunk, dfa.num_states)))
-        state, where = (ends >= 0).nonzero(as_tuple=True)
+        ends = token_walks(moves, trie, lengths, torch.arange(first, min(first + chunk, dfa.num_states)))
+        ends = ends[:, shape_of]  # [chunk, vocab], in token order
+        state, token = (ends >= 0).nonzero(as_tuple=True)
         rows.append(state + first)
-        columns.append(order[where])
-        targets.append(ends[state, where])
-    rows, tokens, targets = torch.cat(rows), torch.cat(columns), torch.cat(targets)
-    by_token = (rows * len(vocab) + tokens).argsort()  # each state's tokens in id order
-    rows, tokens, targets = rows[by_token], tokens[by_token], targets[by_token]
+        tokens.append(token)
+        targets.append(ends[state, token])
+    rows, tokens, targets = torch.cat(rows), torch.cat(tokens), torch.cat(targets)
     offsets = torch.zeros(dfa.num_states + 1, dtype=torch.long)
     offsets[1:] = torch.bincount(rows, minlength=dfa.num_states).cumsum(0)
     return TokenIndex(offsets, tokens, targets, dfa.accepting, fewest_tokens(dfa.accepting, rows, targets))
@@ -115,6 +144,9 @@ def fewest_tokens(accepting: torch.Tensor, sources: torch.Tensor, targets: torch
     """Shortest paths in tokens to an accepting state (Bellman-Ford: relax every edge until
     nothing changes). States that cannot finish keep a huge value."""
     far = torch.iinfo(torch.long).max // 2
+    # Many tokens join the same two states: the distances need each pair of states once.
+    pairs = torch.unique(sources * len(accepting) + targets)
+    sources, targets = pairs // len(accepting), pairs % len(accepting)
     distance = torch.where(accepting, 0, far)
     while True:
         through = torch.full_like(distance, far).scatter_reduce(0, sources, distance[targets] + 1, reduce="amin")
@@ -214,17 +246,20 @@ class Constraint(LogitsProcessor):
         return self.seen[generated]
 
 
-def mask_rows(constraints, states, logits: torch.Tensor, tokens_left: int | None = None) -> torch.Tensor:
+def mask_rows(constraints, states, logits: torch.Tensor, tokens_left=None) -> torch.Tensor:
     """``logits`` ``[rows, vocab]`` with -inf wherever row i's constraint forbids the token in
-    ``states[i]`` (a row whose constraint is None keeps its logits)."""
+    ``states[i]`` (a row whose constraint is None keeps its logits). ``tokens_left`` is one
+    number for every row, or a list with one per row."""
     keep = torch.ones_like(logits, dtype=torch.bool)
-    for row, (constraint, state) in enumerate(zip(constraints, states)):
+    if not isinstance(tokens_left, (list, tuple)):
+        tokens_left = [tokens_left] * len(states)
+    for row, (constraint, state, left) in enumerate(zip(constraints, states, tokens_left)):
         if constraint is None:
             continue
         if constraint.vocab_size > logits.shape[-1]:
             raise ValueError(f"the constraint has {constraint.vocab_size} tokens, the logits {logits.shape[-1]}")
         keep[row] = False
-        keep[row, constraint.allowed(state, tokens_left).to(logits.device)] = True
+        keep[row, constraint.allowed(state, left).to(logits.device)] = True
     return logits.masked_fill(~keep, float("-inf"))
 
 
@@ -256,3 +291,25 @@ def constraint_rows(constraint, prompts: int, copies: int, max_new_tokens: int) 
         if c is not None:
             c.check_budget(max_new_tokens)
     return [c for c in constraint for _ in range(copies)]
+
+
+class LookAhead:
+    """The automaton state of each row while a loop looks ahead of what it has kept: the
+    drafts of speculative decoding, which the drafter proposes and the target scores position
+    by position. ``mask`` the logits of the next position, ``advance`` by the tokens placed
+    there. A token the constraint forbids (a drafter that ignores it) sends its row off the
+    pattern (-1), where only EOS is allowed: the target then rejects that draft."""
+
+    def __init__(self, constraints, states, tokens_left):
+        self.constraints, self.states, self.tokens_left = list(constraints), list(states), list(tokens_left)
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor:
+        return mask_rows(self.constraints, self.states, logits, self.tokens_left)
+
+    def copy(self) -> "LookAhead":
+        return LookAhead(self.constraints, self.states, self.tokens_left)
+
+    def advance(self, tokens: torch.Tensor) -> None:
+        self.states = [c.next_state(s, t) if c is not None else s
+                       for c, s, t in zip(self.constraints, self.states, tokens.tolist())]
+        self.tokens_left = [left - 1 for left in self.tokens_left]

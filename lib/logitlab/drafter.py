@@ -64,6 +64,25 @@ class Drafter:
     # ... and, for a drafter that fuses several of the target's layers (chapter 9), which ones: the
     # states it is handed (``observe_states``) are then those layers' outputs, concatenated.
     feature_layers: tuple[int, ...] | None = None
+    # Set by the loop before each call when the output is constrained (chapter 10): the rows'
+    # ``logitlab.constrained.LookAhead``. A drafter that samples its proposals token by token
+    # passes its logits through ``constrained`` and its tokens to ``drafted``, so that it
+    # proposes only tokens the constraint allows (its q is then the masked distribution). A
+    # drafter that ignores it stays exact: the target rejects what the constraint forbids.
+    constraint = None
+
+    def constrained(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.constraint is None:
+            return logits
+        masked = self.constraint.mask(logits)
+        # A drafter that scores only some tokens (a subset head) may give every allowed token
+        # -inf: that row then drafts uniformly among the allowed tokens (still exact: q is known).
+        stuck = torch.isinf(masked).all(dim=-1, keepdim=True)
+        return torch.where(stuck, self.constraint.mask(torch.zeros_like(logits)), masked)
+
+    def drafted(self, tokens: torch.Tensor) -> None:
+        if self.constraint is not None:
+            self.constraint.advance(tokens)
 
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, target, cache) -> None:
         """Called once, after the target's prefill of the (left-padded) prompts; ``cache`` is the

@@ -70,7 +70,8 @@ class DraftModelDrafter(Drafter):
             feed, new_mask = next_tokens[:, None], torch.ones_like(next_tokens)[:, None]
         tokens, qs = [], []
         for i in range(gamma):
-            token, q = draw(self._forward(feed, new_mask), config, generator)
+            token, q = draw(self.constrained(self._forward(feed, new_mask)), config, generator)
+            self.drafted(token)
             tokens.append(token)
             qs.append(q)
             if i < gamma - 1:  # the last proposal is not fed now (it may be rejected anyway)

@@ -180,7 +180,8 @@ class EagleDrafter(Drafter):
             return self.propose_tree(h, gamma, config)
         tokens, qs = [], []
         for i in range(gamma):
-            token, q = draw(self.drafter.logits(h), config, generator)
+            token, q = draw(self.constrained(self.drafter.logits(h)), config, generator)
+            self.drafted(token)
             tokens.append(token)
             qs.append(q)
             if i < gamma - 1:  # the last proposal is not fed (it may be rejected anyway)

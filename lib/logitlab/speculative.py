@@ -40,6 +40,7 @@ from .decoding import (GenerationResult, check_body_and_head, check_counts, chec
                        forward, keep_in_block, prompt_batch, roll_back, target_probs, token_logprobs, tree_forward,
                        vocab_size)
 from .devices import exact_dtype, model_device, now
+from .constrained import LookAhead, constraint_rows
 from .drafter import DraftTree, check_drafter
 from .sampling import SamplingConfig, inverse_transform
 from .tree import depths, tree_attention_mask
@@ -415,6 +416,7 @@ def speculative_generate(
     tokenizer=None,
     attention_mask: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
+    constraint=None,
 ) -> SpeculativeResult:
     """Generate with speculative sampling: ``drafter`` proposes ``gamma`` tokens, ``target`` verifies.
 
@@ -423,6 +425,9 @@ def speculative_generate(
     ``acceptance`` is the rule (default ``RejectionSampling()``, which at temperature 0 is greedy
     matching). The output follows the target's distribution after temperature and truncation,
     exactly, for any drafter. Prompts as in ``ll.generate``; rows of a batch advance independently.
+    ``constraint`` (a ``logitlab.Constraint``, or one per prompt) masks the target at every
+    position as ``ll.generate`` does, so the output follows the *masked* target exactly; drafters
+    that sample token by token (a draft model, EAGLE's chain) draft under the same mask.
     """
     config = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p)
     gamma = check_gamma(gamma)
@@ -434,11 +439,12 @@ def speculative_generate(
     device = model_device(target)
     check_generator(generator, device)
     ids, mask = prompt_batch(input_ids, attention_mask, tokenizer, target)
+    constraints = constraint_rows(constraint, len(ids), n, max_new_tokens)
     ids, mask = ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0)
     began, out, side = now(device), Outputs(len(ids), eos, max_new_tokens), _Target(target, drafter)
     stats = dict(model_calls=1, accepted=[], drafted=[], draft_seconds=0.0, verify_seconds=0.0, step_seconds=[])
 
-    pending = _first_token(side, acceptance, ids, mask, config, generator, out)
+    pending = _first_token(side, acceptance, ids, mask, config, generator, out, look_ahead(out, constraints))
     active = list(range(len(ids)))
     stats["prefill_seconds"] = now(device) - began
     while True:
@@ -451,29 +457,49 @@ def speculative_generate(
             side.select_rows(keep_t)
             active, pending = [active[i] for i in keep], pending[keep_t]
         left = max(max_new_tokens - len(out.tokens[r]) for r in active)  # no more than any row needs
-        pending = _call(side, drafter, acceptance, pending, min(gamma, left), config, generator, out, active, stats)
+        pending = _call(side, drafter, acceptance, pending, min(gamma, left), config, generator, out, active, stats,
+                        look_ahead(out, constraints, active))
     prompts = [row[m.bool()] for row, m in zip(ids, mask)]
     return out.result(prompts, [r // n for r in range(len(ids))], tokenizer, device, seconds=now(device) - began,
                       drafter_steps=drafter.steps, **stats)
 
 
-def _first_token(side, acceptance, ids, mask, config, generator, out) -> torch.Tensor:
+def look_ahead(out: "Outputs", constraints, rows=None) -> LookAhead | None:
+    """Each row's automaton state after the tokens it has kept (None without a constraint)."""
+    if constraints is None:
+        return None
+    rows = range(len(out.tokens)) if rows is None else rows
+    states = []
+    for r in rows:
+        state = 0
+        for token in out.tokens[r] if constraints[r] is not None else ():
+            state = constraints[r].next_state(state, token)
+        states.append(state)
+    return LookAhead([constraints[r] for r in rows], states, [out.max_new_tokens - len(out.tokens[r]) for r in rows])
+
+
+def _first_token(side, acceptance, ids, mask, config, generator, out, look) -> torch.Tensor:
     """The prefill: the first token is the target's choice after an empty prefix, exactly as in
     ``ll.generate``. It is recorded in ``out`` and returned as every row's pending token."""
     logits = side.prefill(ids, mask)
+    if look is not None:
+        logits = look.mask(logits)
     pending = acceptance.first_token(logits, config, generator)
     p = target_probs(logits[:, None], config)
     out.add(list(range(len(ids))), pending[:, None], logits[:, None], p, [1] * len(ids))
     return pending
 
 
-def _call(side, drafter, acceptance, pending, gamma, config, generator, out, active, stats) -> torch.Tensor:
+def _call(side, drafter, acceptance, pending, gamma, config, generator, out, active, stats, look) -> torch.Tensor:
     """One call of the loop: draft, verify in one target pass, keep a prefix, roll back.
     Returns each row's new pending token."""
     device = pending.device
     t0 = now(device)
+    drafter.constraint = None if look is None else look.copy()
     proposal = drafter.propose(pending, gamma, config, generator)
     t1 = now(device)
+    if isinstance(proposal, DraftTree) and look is not None:
+        raise ValueError("a constraint works with drafters that propose chains; tree drafts are not masked yet")
     if isinstance(proposal, DraftTree):
         num, nxt = _tree_call(side, acceptance, pending, proposal, config, generator, out, active)
         g = proposal.depth
@@ -481,6 +507,8 @@ def _call(side, drafter, acceptance, pending, gamma, config, generator, out, act
         drafts, q = proposal
         logits = side.score(pending, drafts)  # [B, g + 1, V]
         g = drafts.shape[1]
+        if look is not None:
+            logits = _masked_positions(look, logits, drafts)
         p = target_probs(logits, config)
         if g == 0:  # nothing proposed: the call gives the target's own token
             num = torch.zeros(len(pending), dtype=torch.long, device=device)
@@ -500,6 +528,17 @@ def _call(side, drafter, acceptance, pending, gamma, config, generator, out, act
     stats["verify_seconds"] += t2 - t1
     stats["step_seconds"].append(t2 - t0)
     return nxt
+
+
+def _masked_positions(look, logits, drafts) -> torch.Tensor:
+    """The target's logits ``[B, g + 1, V]``, position i masked in the state after the first i
+    drafts (a draft the constraint forbids leaves only EOS after it, and is itself rejected)."""
+    masked = []
+    for i in range(logits.shape[1]):
+        if i > 0:
+            look.advance(drafts[:, i - 1])
+        masked.append(look.mask(logits[:, i]))
+    return torch.stack(masked, dim=1)
 
 
 def _tree_call(side, acceptance, pending, tree, config, generator, out, active):

@@ -1,7 +1,8 @@
 """The book's plots, tables and widgets.
 
 Chapter 1 uses ``token_label``, ``top_tokens_table``, ``plot_top_tokens``,
-``plot_temperatures`` and ``temperature_widget``; chapter 2 adds ``plot_kept``. Plots draw on a matplotlib ``Axes`` (made
+``plot_temperatures`` and ``temperature_widget``; chapter 2 adds ``plot_kept``; chapter 10
+``constraint_steps`` and ``constraint_widget``. Plots draw on a matplotlib ``Axes`` (made
 for you when none is given) and return it, so a chapter can add to them.
 
 Widgets need a running kernel to react. The rendered website has none, so every widget here
@@ -125,6 +126,59 @@ def temperature_widget(logits: torch.Tensor, tokenizer, k: int = 15):
     slider = widgets.FloatSlider(value=1.0, min=0.0, max=3.0, step=0.05, description="temperature",
                                  continuous_update=False, style={"description_width": "initial"})
     return widgets.interactive(draw, temperature=slider)
+
+
+def constraint_steps(constraint, tokenizer, text: str, examples: int = 6):
+    """Walk the tokens of ``text`` through ``constraint``: at every step, the text so far, how
+    many tokens are allowed next, a few of them (the shortest), and whether the text so far is
+    a complete match. Stops at the first token the constraint forbids. Returns a Markdown table
+    (an ``IPython.display.Markdown``)."""
+    from IPython.display import Markdown
+
+    state, rows, ids = 0, [], tokenizer(text, add_special_tokens=False)["input_ids"]
+    for step in range(len(ids) + 1):
+        allowed = constraint.allowed(state).tolist()
+        shown = sorted((t for t in allowed if t not in constraint.eos), key=lambda t: (len(tokenizer.decode([t])), t))
+        rows.append({"step": step, "so far": tokenizer.decode(ids[:step]), "allowed": len(allowed),
+                     "e.g.": " ".join(token_label(tokenizer, t) for t in shown[:examples]),
+                     "EOS allowed": constraint.is_complete(state)})
+        if step == len(ids):
+            break
+        state = constraint.next_state(state, ids[step])
+        if state < 0:
+            rows.append({"step": step + 1, "so far": tokenizer.decode(ids[:step + 1]), "allowed": 0,
+                         "e.g.": f"{token_label(tokenizer, ids[step])} is not allowed here", "EOS allowed": False})
+            break
+    lines = ["| step | output so far | tokens allowed next | e.g. | complete (EOS allowed) |", "|---:|:---|---:|:---|:---|"]
+    for row in rows:
+        shown = row["so far"].replace("|", "\\|").replace("\n", "\\n") or " "
+        lines.append(f"| {row['step']} | `{shown}` | {row['allowed']} | {row['e.g.'].replace('|', '/')} | "
+                     f"{'yes' if row['EOS allowed'] else 'no'} |")
+    return Markdown("\n".join(lines))
+
+
+def constraint_widget(tokenizer, pattern: str = r"[0-9]{4}-[0-9]{2}-[0-9]{2}", text: str = "2024-0"):
+    """Type a pattern and an output: the table of ``constraint_steps``, live in Jupyter and Colab."""
+    import ipywidgets as widgets
+    from IPython.display import display
+
+    from .constrained import Constraint
+
+    compiled = {}
+
+    def draw(pattern, text):
+        try:
+            if pattern not in compiled:
+                compiled[pattern] = Constraint(pattern, tokenizer)
+            display(constraint_steps(compiled[pattern], tokenizer, text))
+        except ValueError as error:
+            print(error)
+
+    style = {"description_width": "initial"}
+    return widgets.interactive(draw, pattern=widgets.Text(pattern, description="pattern", style=style,
+                                                          continuous_update=False),
+                               text=widgets.Text(text, description="output so far", style=style,
+                                                 continuous_update=False))
 
 
 def _check_row(t) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from .. import models
+from .constrained import bench_constrained
 from .basics import bench_generate, bench_load, bench_parallel, bench_sampling
 from .drafting import bench_draft_model, bench_eagle, bench_pass, bench_speculative, bench_typical
 from .table import Table, cpu_name
@@ -37,6 +38,8 @@ def main(argv=None) -> Table:
                         help="skip the EAGLE drafter's rows (about 6 min)")
     parser.add_argument("--skip-pass", action="store_true",
                         help="skip the PaSS look-ahead rows (about 25 min)")
+    parser.add_argument("--skip-constrained", action="store_true",
+                        help="skip the constrained-decoding rows (about 1 min)")
     parser.add_argument("--quick", action="store_true",
                         help="every table, with fewer settings and repeats: 2 timed repeats instead of 3-5, "
                              "Medusa at T=0 and 1 only, PaSS k=1,2,4,8 (two-call) and k=1,2 (single-call)")
@@ -69,6 +72,8 @@ def main(argv=None) -> Table:
         bench_typical(table, model, tokenizer, **(dict(repeat, temperatures=(0.0, 1.0)) if args.quick else {}))
     if not args.skip_eagle:
         bench_eagle(table, model, tokenizer, **repeat)
+    if not args.skip_constrained:
+        bench_constrained(table, model, tokenizer, **repeat)
     if not args.skip_pass:
         bench_pass(table, model, tokenizer, **(dict(repeat, ks=(1, 2, 4, 8), single_ks=(1, 2)) if args.quick else {}))
     machine = f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, device cpu"

@@ -1,0 +1,66 @@
+"""Rows for chapter 10: building a constraint's token index, and what the mask costs per step."""
+
+from __future__ import annotations
+
+import statistics
+from importlib.metadata import version
+
+from ..constrained import Constraint, vocabulary_bytes
+from ..generate import generate
+from ..json_schema import to_regex
+from ..timing import median_time
+from .prompts import chat
+from .table import Table
+
+# A typical structured-output request (four required fields, one a short array), and the same
+# with length bounds on its strings, which unroll into many more automaton states.
+TYPICAL = {"type": "object", "properties": {
+    "name": {"type": "string"}, "age": {"type": "integer", "minimum": 0}, "city": {"type": "string"},
+    "hobbies": {"type": "array", "items": {"type": "string"}, "maxItems": 3}},
+    "required": ["name", "age", "city", "hobbies"]}
+BOUNDED = {**TYPICAL, "properties": {
+    "name": {"type": "string", "maxLength": 24}, "age": {"type": "integer", "minimum": 0},
+    "city": {"type": "string", "maxLength": 24},
+    "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 16}, "maxItems": 3}}}
+QUESTION = "Describe a fictional person as JSON with name, age, city and hobbies."
+
+
+def bench_constrained(table: Table, model, tokenizer, repeat: int = 3) -> None:
+    for name, schema in (("a typical JSON schema", TYPICAL), ("the same with bounded string lengths", BOUNDED)):
+        index_rows(table, tokenizer, name, to_regex(schema), repeat)
+    constraint = Constraint(to_regex(TYPICAL), tokenizer)
+    # The mask inside the loop: 48 greedy tokens with and without the constraint, taking turns,
+    # each step timed by the loop itself (its step_seconds include the masking). The outputs
+    # differ, so the rows compare the time of a step, not of an answer.
+    prompt = chat(tokenizer, QUESTION)
+    steps = {False: [], True: []}
+    for _ in range(repeat):
+        for constrained in (False, True):
+            out = generate(model, prompt, max_new_tokens=48, temperature=0, eos_token_id=[],
+                           constraint=constraint if constrained else None)
+            steps[constrained] += out.step_seconds[1:]  # the first step warms up
+    free, bound = statistics.median(steps[False]), statistics.median(steps[True])
+    table.add("ll.generate, a greedy decode step (median of the loop's own step times)", free)
+    table.add("... the same step under the typical JSON schema's constraint", bound, bound / free,
+              "the time of an unconstrained step")
+
+
+def index_rows(table: Table, tokenizer, name: str, pattern: str, repeat: int) -> None:
+    """The time to build a constraint (pattern to token index), and outlines-core's for the same
+    pattern and vocabulary where it is installed."""
+    ours = median_time(lambda: Constraint(pattern, tokenizer), repeat=repeat, warmup=0)
+    constraint = Constraint(pattern, tokenizer)
+    what = f"constraint index for {name} ({constraint.dfa.num_states} states, {len(constraint.index.tokens):,} pairs)"
+    try:
+        import outlines_core
+    except ImportError:  # an optional oracle: its row is left out where it is not installed
+        table.add(what, ours)
+        return
+    by_bytes = {}
+    for token_id, data in enumerate(vocabulary_bytes(tokenizer)):
+        if data:
+            by_bytes.setdefault(data, []).append(token_id)
+    vocab = outlines_core.Vocabulary(tokenizer.eos_token_id, by_bytes)
+    theirs = median_time(lambda: outlines_core.Index(pattern, vocab), repeat=repeat, warmup=0)
+    table.add(what, ours, theirs / ours, "faster than outlines-core")
+    table.add(f"... the same index built by outlines-core {version('outlines-core')}", theirs)
