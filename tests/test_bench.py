@@ -266,6 +266,7 @@ def test_constrained_rows():
     table = bench.Table()
     bench_constrained(table, model, tokenizer, repeat=1)
     names = [r["measurement"] for r in table.rows]
-    assert len(names) == 6 and "outlines-core" in names[1] and "outlines-core" in names[3] and "constraint" in names[5]
+    assert len(names) == 7 and "outlines-core" in names[1] and "outlines-core" in names[3] and "constraint" in names[5]
+    assert "of a decode step" in names[6]
     assert all(r["seconds"] > 0 for r in table.rows)
     assert all(table.rows[i]["ratio"] > 0 for i in (0, 2, 5))
