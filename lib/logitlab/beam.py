@@ -186,23 +186,21 @@ class _Beams:
         self.eos_tensor = torch.tensor(eos, dtype=torch.long, device=device)
         self.rows = torch.arange(batch, device=device)[:, None]
         self.history = []
-        self.automaton = torch.zeros(batch, nb, dtype=torch.long)  # each beam's constraint state
+        self.automaton = [[0] * nb for _ in range(batch)]  # each beam's constraint state (host-side ints)
 
     def forbidden(self, logits, constraints, tokens_left: int) -> torch.Tensor:
         """``[batch * nb, vocab]``: the tokens each beam's constraint forbids in its state."""
-        allowed = mask_rows(constraints, self.automaton.flatten().tolist(), torch.zeros_like(logits), tokens_left)
+        allowed = mask_rows(constraints, [s for row in self.automaton for s in row], torch.zeros_like(logits),
+                            tokens_left)
         return torch.isinf(allowed)
 
     def follow(self, constraints) -> None:
         """Each new beam's automaton state: its parent's, moved by its last token (-1, off the
         pattern, for the impossible beams that only fill empty slots)."""
-        old = self.automaton.tolist()
         tokens, parents = self.running[:, :, -1].tolist(), self.parents.tolist()
-        for b in range(len(old)):
-            for i in range(self.nb):
-                parent_state = old[b][parents[b][i]]
-                self.automaton[b, i] = constraints[b * self.nb].next_state(parent_state, tokens[b][i]) \
-                    if constraints[b * self.nb] is not None else 0
+        self.automaton = [[constraints[b * self.nb].next_state(old[parents[b][i]], tokens[b][i])
+                           if constraints[b * self.nb] is not None else 0 for i in range(self.nb)]
+                          for b, old in enumerate(self.automaton)]
 
     def extend(self, logits, last: bool, forbidden=None) -> bool:
         """One step: extend every beam by every token, keep the nb best running beams, store the
