@@ -187,7 +187,6 @@ class Constraint(LogitsProcessor):
         self.index = build_index(self.dfa, vocab)
         if self.fewest_tokens >= torch.iinfo(torch.long).max // 2:
             raise ValueError(f"pattern {pattern!r}: no sequence of this vocabulary's tokens matches it")
-        self._devices: dict = {}
         self.reset()
 
     def __repr__(self) -> str:
@@ -240,9 +239,13 @@ class Constraint(LogitsProcessor):
         return mask_rows([self] * len(states), states, scores)
 
     def state_of(self, generated: tuple) -> int:
-        """The state after the tokens ``generated``, remembered for the next step's call."""
-        if generated not in self.seen:
-            self.seen[generated] = self.next_state(self.state_of(generated[:-1]), generated[-1])
+        """The state after the tokens ``generated``, remembered for the next step's call. A loop
+        (not recursion) from the longest prefix already seen: outputs can be thousands of tokens."""
+        known = len(generated)
+        while generated[:known] not in self.seen:
+            known -= 1
+        for end in range(known + 1, len(generated) + 1):
+            self.seen[generated[:end]] = self.next_state(self.seen[generated[:end - 1]], generated[end - 1])
         return self.seen[generated]
 
 
