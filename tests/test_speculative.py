@@ -407,7 +407,7 @@ def test_run_statistics_count_the_passes_and_time_them():
 
 
 def test_pooled_alpha_weighs_every_examined_draft_once():
-    from logitlab.speculative import SpeculativeResult, pooled_alpha
+    from logitlab.speculative import SpeculativeResult, examined_drafts, pooled_alpha
 
     def run(accepted, drafted):
         return SpeculativeResult(sequences=[], new_tokens=[torch.zeros(1)], logprobs=[], raw_logprobs=[],
@@ -418,6 +418,7 @@ def test_pooled_alpha_weighs_every_examined_draft_once():
     a, b = run([[1]], [3]), run([[2], [0]], [2, 2])
     assert a.alpha == pytest.approx(1 / 2) and b.alpha == pytest.approx(2 / 3)
     assert pooled_alpha([a, b]) == pytest.approx(3 / 5)  # not the mean of 1/2 and 2/3
+    assert examined_drafts([a]) == 2 and examined_drafts([b]) == 3 and examined_drafts([a, b]) == 5
 
 
 def test_acceptance_counts_by_position_on_a_hand_made_record():

@@ -98,8 +98,14 @@ def pooled_alpha(results) -> float:
     """The acceptance rate over several runs: all their drafts accepted / all drafts examined
     (``SpeculativeResult.alpha`` pooled, so that runs with more calls weigh more)."""
     accepted = sum(n for r in results for nums in r.accepted for n in nums)
-    examined = sum(min(n + 1, g) for r in results for nums, g in zip(r.accepted, r.drafted) for n in nums)
-    return accepted / max(1, examined)
+    return accepted / max(1, examined_drafts(results))
+
+
+def examined_drafts(results) -> int:
+    """How many drafts the target examined over several runs: in each call and row, those it
+    accepted and the first it rejected (the drafts after a rejection are never looked at). The
+    count behind :func:`pooled_alpha`, and what its statistical uncertainty depends on."""
+    return sum(min(n + 1, g) for r in results for nums, g in zip(r.accepted, r.drafted) for n in nums)
 
 
 # --- One verification step ---------------------------------------------------------------------
