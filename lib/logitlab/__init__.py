@@ -8,8 +8,8 @@
 Each module follows a chapter of the book and says which one.
 """
 
-from . import (checks, conditioning, constrained, decoding, devices, drafter, drafters, eagle, fast_cpu, json_schema,
-               lookahead, medusa, metrics, penalties, processors, regex_automaton, speculative, tree,
+from . import (checks, conditioning, constrained, cutoffs, decoding, devices, drafter, drafters, eagle, fast_cpu,
+               json_schema, lookahead, medusa, metrics, penalties, processors, regex_automaton, speculative, tree,
                tree_verification, training, typical_acceptance, viz)
 from .decoding import GenerationResult
 from .devices import generator
@@ -30,6 +30,7 @@ __all__ = [
     "checks",
     "conditioning",
     "constrained",
+    "cutoffs",
     "json_schema",
     "Constraint",
     "regex_automaton",

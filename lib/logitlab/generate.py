@@ -48,6 +48,10 @@ def generate(
     repetition_penalty: float | None = None,
     presence_penalty: float | None = None,
     frequency_penalty: float | None = None,
+    top_h: float | None = None,
+    top_n_sigma: float | None = None,
+    epsilon_cutoff: float | None = None,
+    eta_cutoff: float | None = None,
     eos_token_id=None,
     stop=None,
     tokenizer=None,
@@ -72,7 +76,8 @@ def generate(
     config = _merge_config(config, dict(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
         repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
-        frequency_penalty=frequency_penalty))
+        frequency_penalty=frequency_penalty, top_h=top_h, top_n_sigma=top_n_sigma, epsilon_cutoff=epsilon_cutoff,
+        eta_cutoff=eta_cutoff))
     max_new_tokens, min_new_tokens, n = check_counts(max_new_tokens, min_new_tokens, num_return_sequences)
     stops = _stop_strings(stop, tokenizer)
     check_model(model)

@@ -18,7 +18,7 @@ import torch
 
 from ._validate import check_generator, check_int, check_logits, check_number, check_temperature
 from .devices import exact_dtype
-from . import penalties
+from . import cutoffs, penalties
 from . import processors as rules
 from .probs import apply_temperature
 
@@ -120,9 +120,10 @@ def add_gumbel_noise(logits: torch.Tensor, generator: torch.Generator | None = N
 @dataclass(frozen=True)
 class SamplingConfig:
     """How to choose each next token. Field names follow Hugging Face's ``GenerationConfig``
-    (``temperature``, ``top_k``, ``top_p``, ``min_p``, ``typical_p``, ``repetition_penalty``),
-    plus the OpenAI API's ``presence_penalty`` and ``frequency_penalty``. ``None`` turns a rule
-    off; ``temperature=0`` is greedy decoding.
+    (``temperature``, ``top_k``, ``top_p``, ``min_p``, ``typical_p``, ``top_h``,
+    ``epsilon_cutoff``, ``eta_cutoff``, ``repetition_penalty``), plus the OpenAI API's
+    ``presence_penalty`` and ``frequency_penalty`` and llama.cpp's ``top_n_sigma``. ``None`` turns
+    a rule off; ``temperature=0`` is greedy decoding.
 
     The rules are applied in one fixed order, the same as Hugging Face's where it has the rule:
 
@@ -130,7 +131,9 @@ class SamplingConfig:
     2. ``presence_penalty`` then ``frequency_penalty`` (count output tokens only, like OpenAI)
        (steps 1 and 2 are ``logitlab.penalties.apply_penalties``);
     3. ``temperature`` (divides the logits);
-    4. truncation: ``top_k``, then ``top_p``, then ``min_p``, then ``typical_p``.
+    4. truncation: ``top_n_sigma`` (as llama.cpp, on the whole vocabulary; it does not depend on
+       the temperature), ``top_h``, ``top_k``, ``top_p``, ``min_p``, ``typical_p``,
+       ``epsilon_cutoff``, ``eta_cutoff`` (Hugging Face's order for the rules it has).
 
     Penalties come first because they change which tokens are likely; truncation comes last so
     that it acts on the distribution that is actually sampled. At ``temperature=0`` the
@@ -146,6 +149,10 @@ class SamplingConfig:
     repetition_penalty: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    top_h: float | None = None
+    top_n_sigma: float | None = None
+    epsilon_cutoff: float | None = None
+    eta_cutoff: float | None = None
 
     def __post_init__(self):
         checked = {
@@ -160,7 +167,14 @@ class SamplingConfig:
             "repetition_penalty": _optional(check_number, self.repetition_penalty, "repetition_penalty",
                                             "a finite number > 0 (1 means no penalty), or None (off)",
                                             lambda v: 0 < v < math.inf),
+            "top_h": _optional(check_number, self.top_h, "top_h", "a number in (0, 1], or None (off)",
+                               lambda v: 0 < v <= 1),
+            "top_n_sigma": _optional(check_number, self.top_n_sigma, "top_n_sigma",
+                                     "a finite number >= 0, or None (off)", lambda v: 0 <= v < math.inf),
         }
+        for name in ("epsilon_cutoff", "eta_cutoff"):
+            checked[name] = _optional(check_number, getattr(self, name), name, "a number in (0, 1), or None (off)",
+                                      lambda v: 0 < v < 1)
         for name in ("presence_penalty", "frequency_penalty"):
             checked[name] = _optional(check_number, getattr(self, name), name,
                                       "a finite number (0 means no penalty), or None (off)", math.isfinite)
@@ -205,6 +219,12 @@ def _penalise_and_truncate(logits, config: SamplingConfig, context, output):
         return logits, None
     if config.temperature != 1.0:
         logits = apply_temperature(logits, config.temperature)
+    # These two look at the whole vocabulary (its spread, its 100 likeliest tokens), so they run
+    # before top-k; the rules after top-k give the same kept sets on its survivors alone.
+    if config.top_n_sigma is not None:
+        logits = cutoffs.top_n_sigma(logits, config.top_n_sigma)
+    if config.top_h is not None:
+        logits = cutoffs.top_h(logits, config.top_h)
     if config.top_k is not None:
         survivors = _among_top_k(logits, config, rules)
         if survivors is not None:
@@ -214,13 +234,17 @@ def _penalise_and_truncate(logits, config: SamplingConfig, context, output):
 
 
 def _truncate(logits, config: SamplingConfig, rules) -> torch.Tensor:
-    """top-p, then min-p, then typical (each when set)."""
+    """top-p, then min-p, typical, epsilon and eta (each when set)."""
     if config.top_p is not None and config.top_p < 1.0:
         logits = rules.top_p(logits, config.top_p)
     if config.min_p is not None and config.min_p > 0.0:
         logits = rules.min_p(logits, config.min_p)
     if config.typical_p is not None and config.typical_p < 1.0:
         logits = rules.typical(logits, config.typical_p)
+    if config.epsilon_cutoff is not None:
+        logits = cutoffs.epsilon_cut(logits, config.epsilon_cutoff)
+    if config.eta_cutoff is not None:
+        logits = cutoffs.eta_cut(logits, config.eta_cutoff)
     return logits
 
 
