@@ -187,18 +187,13 @@ def test_sampling_config_applies_them_in_hugging_faces_order():
 
 def test_top_n_sigma_runs_on_the_whole_vocabulary_before_top_k():
     import logitlab as ll
+    from logitlab.processors import top_k
     from logitlab.sampling import process_logits
 
     logits = random_logits(11, 4, 300, 2.0)
     config = ll.SamplingConfig(temperature=0.8, top_n_sigma=1.0, top_k=5)
-    expected = top_k_of(top_n_sigma(logits / 0.8, 1.0), 5)
+    expected = top_k(top_n_sigma(logits / 0.8, 1.0), 5)  # top-k on the survivors first would keep fewer
     assert torch.equal(process_logits(logits, config).isneginf(), expected.isneginf())
-
-
-def top_k_of(logits, k):
-    from logitlab.processors import top_k
-
-    return top_k(logits, k)
 
 
 def test_generate_takes_them_and_samples_only_kept_tokens():
