@@ -39,7 +39,7 @@ def test_bench_prints_a_table_and_writes_json(capsys, tmp_path, monkeypatch):
                         lambda fns, repeat=1, warmup=0: timing.interleaved_median_times(fns, repeat=1, warmup=0))
     monkeypatch.setattr(basics, "median_time", lambda fn, repeat=1, warmup=0: timing.median_time(fn, 1, 0))
     out_file = tmp_path / "bench.json"
-    bench.main(["--skip-load", "--skip-verification", "--skip-generate", "--skip-speculative", "--skip-typical", "--skip-eagle", "--skip-pass", "--skip-constrained", "--json", str(out_file)])
+    bench.main(["--skip-load", "--skip-verification", "--skip-generate", "--skip-speculative", "--skip-typical", "--skip-eagle", "--skip-pass", "--skip-constrained", "--skip-decoders", "--json", str(out_file)])
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ") and " ms |" in line]
     assert len(rows) == 16  # 8 sampling rows, then 8 of batch sampling, tree scoring and beam search
@@ -148,6 +148,38 @@ def test_pass_rows_run_on_a_small_setting(small):
     assert len(table.rows) == 1 + 2 + 2 and all(r["seconds"] > 0 for r in table.rows)
     assert "k=3" in table.rows[2]["measurement"] and "likely" in table.rows[4]["measurement"]
     assert "tokens per target pass" in table.rows[1]["measurement"]
+
+
+@pytest.mark.slow
+def test_decoder_rows_run_on_a_small_setting(small, monkeypatch):
+    from logitlab.bench import decoders
+
+    monkeypatch.setattr(decoders, "DRAFT_PROMPTS", decoders.DRAFT_PROMPTS[:1])
+    model, tokenizer = small
+    table = bench.Table()
+    bench.bench_decoders(table, model, tokenizer, new_tokens=6, beams=2, n=3, repeat=1)
+    names = [r["measurement"] for r in table.rows]
+    # greedy and beam at T=0; plain sampling, eight truncations, best-of-n and a batch at T=1
+    assert len(names) == 2 + 1 + len(decoders.TRUNCATIONS) + 2 and all(r["seconds"] > 0 for r in table.rows)
+    assert names[1].startswith("decoders: beam search, 2 beams, T=0")
+    assert names[3].startswith("decoders: top-k 50 (removes ") and names[-1].startswith("decoders: 3 samples in one")
+
+
+def test_removed_mass_is_the_probability_outside_the_kept_set():
+    import logitlab as ll
+    from logitlab.bench.decoders import removed_mass
+
+    model = ll.toy_model(vocab_size=80)
+    sequences = [torch.tensor([[1, 5, 7, 9, 2, 3]]), torch.tensor([[4, 4, 8, 1]])]
+    removed = removed_mass(model, sequences, new_tokens=3)
+    with torch.no_grad():
+        logits = torch.cat([model(s).logits[0, -4:-1] for s in sequences])
+    probs = torch.softmax(logits, -1)
+    top50 = probs.topk(50, dim=-1).values.sum(-1)
+    assert removed["top-k 50"] == pytest.approx((1 - top50).mean().item(), abs=1e-6)
+    below = probs < 0.1 * probs.max(-1, keepdim=True).values
+    assert removed["min-p 0.1"] == pytest.approx((probs * below).sum(-1).mean().item(), abs=1e-6)
+    assert 0 < removed["top-k 50"] < 1
 
 
 def test_a_ratio_below_one_is_reported_as_slower():

@@ -47,9 +47,14 @@ path of ``ll.load``):
 * the decoding loop: ``ll.generate`` against Hugging Face ``generate``, 128 new tokens, greedy
   and sampled, as a tokens-per-second ratio (the two loops run alternately, so both see the
   same machine load); decoding with against without the KV cache
-  (chapter 3).
+  (chapter 3);
+* every decoder that drafts nothing, against ``ll.generate`` at the same temperature on the
+  drafters' held-out prompts, 128 tokens per answer (the closing chapter): beam search (4 beams)
+  at temperature 0; sampling with each truncation rule, best-of-4 and 4 samples in one batch at
+  temperature 1, each truncation row with the probability it removes per step.
 """
 
+from .decoders import bench_decoders
 from .basics import bench_generate, bench_load, bench_parallel, bench_sampling
 from .drafting import bench_draft_model, bench_eagle, bench_pass, bench_speculative, bench_typical, pass_calls
 from .prompts import DRAFT_PROMPTS, GROUNDED, OPEN_ENDED
@@ -57,6 +62,6 @@ from .run import main
 from .table import Table, cpu_name
 from .verification import bench_verification
 
-__all__ = ["DRAFT_PROMPTS", "GROUNDED", "OPEN_ENDED", "Table", "bench_draft_model", "bench_generate", "bench_load",
+__all__ = ["DRAFT_PROMPTS", "GROUNDED", "OPEN_ENDED", "Table", "bench_decoders", "bench_draft_model", "bench_generate", "bench_load",
            "bench_eagle", "bench_pass", "bench_parallel", "bench_sampling", "bench_speculative", "bench_typical", "bench_verification",
            "cpu_name", "main", "pass_calls"]

@@ -10,6 +10,7 @@ import torch
 
 from .. import models
 from .constrained import bench_constrained
+from .decoders import bench_decoders
 from .basics import bench_generate, bench_load, bench_parallel, bench_sampling
 from .drafting import bench_draft_model, bench_eagle, bench_pass, bench_speculative, bench_typical
 from .table import Table, cpu_name
@@ -40,6 +41,8 @@ def main(argv=None) -> Table:
                         help="skip the PaSS look-ahead rows (about 25 min)")
     parser.add_argument("--skip-constrained", action="store_true",
                         help="skip the constrained-decoding rows (about 1 min)")
+    parser.add_argument("--skip-decoders", action="store_true",
+                        help="skip the closing chapter's rows: beam, truncations, best-of-n, a batch (about 8 min)")
     parser.add_argument("--quick", action="store_true",
                         help="every table, with fewer settings and repeats: 2 timed repeats instead of 3-5, "
                              "Medusa at T=0 and 1 only, PaSS k=1,2,4,8 (two-call) and k=1,2 (single-call)")
@@ -47,7 +50,6 @@ def main(argv=None) -> Table:
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     table = Table()
-    repeat = {"repeat": 2} if args.quick else {}
     if not args.skip_load:
         bench_load(table)
     model, tokenizer = models.load("smollm2-135m", device="cpu")
@@ -55,6 +57,25 @@ def main(argv=None) -> Table:
     stock = models.load("smollm2-135m", device="cpu", fast=False)[0]
     fast_path = {f"linear {out}x{in_}": per_rows for (out, in_), per_rows in model.logitlab_fast_cpu.items()}
     print(f"CPU fast path (kernel per weight shape and number of rows): {fast_path}")
+    breakdown = run_sections(args, table, model, stock, tokenizer)
+    machine = f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, device cpu"
+    print(f"Machine: {machine}")
+    print(table.markdown())
+    if breakdown:
+        print("\nWhere a pass with the fast path spends its time (module hooks; medians):\n")
+        print(breakdown_table(breakdown))
+    path = Path(args.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"machine": machine, "fast_cpu": fast_path, "rows": table.rows,
+                                "breakdown": breakdown}, indent=2))
+    print(f"(written to {path})")
+    return table
+
+
+def run_sections(args, table: Table, model, stock, tokenizer):
+    """Every section that ``args`` does not skip, in the order of the book; returns the fast
+    path's time breakdown (None when the verification rows are skipped)."""
+    repeat = {"repeat": 2} if args.quick else {}
     breakdown = None
     if not args.skip_verification:
         breakdown = bench_verification(table, model, stock, tokenizer, **({"rounds": 4} if args.quick else {}))
@@ -76,18 +97,9 @@ def main(argv=None) -> Table:
         bench_constrained(table, model, tokenizer, **repeat)
     if not args.skip_pass:
         bench_pass(table, model, tokenizer, **(dict(repeat, ks=(1, 2, 4, 8), single_ks=(1, 2)) if args.quick else {}))
-    machine = f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, device cpu"
-    print(f"Machine: {machine}")
-    print(table.markdown())
-    if breakdown:
-        print("\nWhere a pass with the fast path spends its time (module hooks; medians):\n")
-        print(breakdown_table(breakdown))
-    path = Path(args.json)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"machine": machine, "fast_cpu": fast_path, "rows": table.rows,
-                                "breakdown": breakdown}, indent=2))
-    print(f"(written to {path})")
-    return table
+    if not args.skip_decoders:
+        bench_decoders(table, model, tokenizer, **repeat)
+    return breakdown
 
 
 if __name__ == "__main__":
