@@ -258,22 +258,22 @@ def test_quick_runs_every_table_with_fewer_settings(monkeypatch, tmp_path):
     monkeypatch.setattr(run, "cached_prefix", lambda tokenizer: [1, 2, 3])
     for name in ["bench_verification", "bench_llama_cpp", "bench_sampling", "bench_generate", "bench_parallel",
                  "bench_speculative", "bench_draft_model", "bench_typical", "bench_eagle", "bench_pass",
-                 "bench_constrained"]:
+                 "bench_constrained", "bench_decoders"]:
         monkeypatch.setattr(run, name, lambda *a, name=name, **k: calls.setdefault(name, k) and None)
     run.main(["--skip-load", "--quick", "--json", str(tmp_path / "quick.json")])
     assert set(calls) == {"bench_verification", "bench_llama_cpp", "bench_sampling", "bench_generate", "bench_parallel",
                           "bench_speculative", "bench_draft_model", "bench_typical", "bench_eagle", "bench_pass",
-                          "bench_constrained"}
+                          "bench_constrained", "bench_decoders"}
     assert calls["bench_verification"] == {"rounds": 4}
     for name in ["bench_generate", "bench_speculative", "bench_draft_model", "bench_typical", "bench_eagle", "bench_pass",
-                 "bench_constrained"]:
+                 "bench_constrained", "bench_decoders"]:
         assert calls[name]["repeat"] == 2, name
     assert calls["bench_typical"]["temperatures"] == (0.0, 1.0)
     assert calls["bench_pass"]["ks"] == (1, 2, 4, 8) and calls["bench_pass"]["single_ks"] == (1, 2)
     calls.clear()
     run.main(["--skip-load", "--json", str(tmp_path / "full.json")])  # the full run: each part's defaults
     assert calls["bench_typical"] == {} and calls["bench_pass"] == {} and calls["bench_verification"] == {}
-    assert calls["bench_eagle"] == {} and calls["bench_constrained"] == {}
+    assert calls["bench_eagle"] == {} and calls["bench_constrained"] == {} and calls["bench_decoders"] == {}
 
 
 def test_llama_cpp_rows_are_skipped_with_a_message_without_llama_cpp_python(monkeypatch, capsys):

@@ -9,8 +9,8 @@ Each module follows a chapter of the book and says which one.
 """
 
 from . import (checks, conditioning, constrained, cutoffs, decoding, devices, drafter, drafters, eagle, fast_cpu,
-               json_schema, lookahead, medusa, metrics, penalties, processors, regex_automaton, speculative, tree,
-               tree_verification, training, typical_acceptance, viz)
+               json_schema, lookahead, medusa, metrics, ngram_rules, penalties, processors, regex_automaton, results, speculative, tree,
+               tree_verification, training, typical_acceptance, viz, widgets)
 from .decoding import GenerationResult
 from .devices import generator
 from .models import device, load, next_token_logits, toy_bigram, toy_model
@@ -34,11 +34,13 @@ __all__ = [
     "json_schema",
     "Constraint",
     "regex_automaton",
+    "results",
     "decoding",
     "drafter",
     "fast_cpu",
     "generator",
     "metrics",
+    "ngram_rules",
     "penalties",
     "processors",
     "drafters",
@@ -54,6 +56,7 @@ __all__ = [
     "tree",
     "tree_verification",
     "viz",
+    "widgets",
     "apply_temperature",
     "beam_search",
     "best_of_n",

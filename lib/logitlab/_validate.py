@@ -122,3 +122,13 @@ def check_generator(generator, device: torch.device) -> None:
             f"generator is on {generator.device.type} but the logits are on {device.type}; "
             f"create it with torch.Generator(device={device.type!r})"
         )
+
+
+def check_processors(processors, name: str = "logits_processor") -> list:
+    """``None`` or a list of callables ``(tokens, logits) -> logits``, as a list."""
+    if processors is None:
+        return []
+    if not isinstance(processors, (list, tuple)) or not all(callable(p) for p in processors):
+        raise ValueError(f"{name} must be None or a list of processors, each called as (tokens, logits), "
+                         f"got {processors!r}")
+    return list(processors)

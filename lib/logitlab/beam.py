@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._validate import check_logits
+from ._validate import check_logits, check_processors
 from .constrained import constraint_rows, mask_rows
 from .decoding import check_counts, check_model, eos_ids, forward, prompt_batch
 from .devices import model_device, now
@@ -107,6 +107,7 @@ def beam_search(
     tokenizer=None,
     attention_mask: torch.Tensor | None = None,
     constraint=None,
+    logits_processor=None,
 ) -> BeamSearchResult:
     """Beam search with ``num_beams`` beams for up to ``max_new_tokens`` new tokens.
 
@@ -114,10 +115,10 @@ def beam_search(
     ``attention_mask``), a list of token-id lists, or text with ``tokenizer``. ``eos_token_id``
     is an id or a list of ids; ``None`` takes the model's ``generation_config`` (``[]`` for none).
     Returns the ``num_return_sequences`` best finished hypotheses of each prompt (fewer when fewer
-    sequences are possible, e.g. more beams than tokens for one new token). ``constraint`` (a
-    ``logitlab.Constraint``, or a list with one per prompt) keeps every beam on its pattern: the
-    tokens it forbids score as impossible, the others keep the model's own log-probabilities,
-    as with a Hugging Face logits processor.
+    sequences are possible). ``constraint`` (a ``logitlab.Constraint``, or one per prompt) keeps
+    every beam on its pattern: the tokens it forbids score as impossible. ``logits_processor``: a
+    list of processors, called as in Hugging Face's beam search on each beam's tokens (padding -1)
+    and next-token log-probabilities.
     """
     check_model(model)
     num_beams, max_new_tokens, length_penalty, num_return_sequences = _check_arguments(
@@ -137,6 +138,7 @@ def beam_search(
     mask = mask.repeat_interleave(nb, dim=0)
     beams = _Beams(ids.shape[0], nb, logits.shape[-1], eos, length_penalty, early_stopping, max_new_tokens, device)
     constraints = constraint_rows(constraint, ids.shape[0], nb, max_new_tokens)
+    beams.use(check_processors(logits_processor), ids.repeat_interleave(nb, 0).masked_fill(mask == 0, -1))
     prefill_seconds, steps = now(device) - start, []
 
     for index in range(max_new_tokens):
@@ -187,6 +189,7 @@ class _Beams:
         self.rows = torch.arange(batch, device=device)[:, None]
         self.history = []
         self.automaton = [[0] * nb for _ in range(batch)]  # each beam's constraint state (host-side ints)
+        self.processors, self.prompts = [], None  # see use()
 
     def forbidden(self, logits, constraints, tokens_left: int) -> torch.Tensor:
         """``[batch * nb, vocab]``: the tokens each beam's constraint forbids in its state."""
@@ -202,14 +205,29 @@ class _Beams:
                            if constraints[b * self.nb] is not None else 0 for i in range(self.nb)]
                           for b, old in enumerate(self.automaton)]
 
+    def use(self, processors: list, prompts: torch.Tensor) -> None:
+        """Apply ``processors`` at every step; ``prompts`` holds every beam's prompt (padding -1)."""
+        self.processors, self.prompts = processors, prompts
+
+    def process(self, logprobs) -> torch.Tensor:
+        """The log-probabilities after each processor, given every beam's tokens so far (a token
+        a processor removed, at -inf, becomes impossible, as a forbidden one)."""
+        tokens = torch.cat([self.prompts, self.running.reshape(self.prompts.shape[0], -1)], dim=1)
+        for processor in self.processors:
+            logprobs = processor(tokens, logprobs)
+        return logprobs.masked_fill(logprobs.isneginf(), NEG)
+
     def extend(self, logits, last: bool, forbidden=None) -> bool:
-        """One step: extend every beam by every token, keep the nb best running beams, store the
-        extensions that ended. Returns whether the search is over."""
+        """One step: extend every beam by every token (its log-probability, after the processors),
+        keep the nb best running beams, store the extensions that ended. Returns whether the
+        search is over."""
         rows, nb, batch = self.rows, self.nb, self.rows.shape[0]
         step = self.running.shape[2]  # tokens in every running beam before this step
         # 1. Score every extension of every beam: beam score + the token's log-probability.
         vocab = logits.shape[-1]
         logprobs = torch.log_softmax(logits, dim=-1)
+        if self.processors:
+            logprobs = self.process(logprobs)
         if forbidden is not None:  # impossible, like the empty slots: never a hypothesis
             logprobs = logprobs.masked_fill(forbidden, NEG)
         logprobs = logprobs.view(batch, nb, vocab)

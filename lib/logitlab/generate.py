@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from ._validate import check_generator
+from ._validate import check_generator, check_processors
 from .constrained import advance_rows, constraint_rows, mask_rows
 from .decoding import (GenerationResult, check_counts, check_model, decode_texts, eos_ids, forward, prompt_batch,
                        token_logprobs)
@@ -60,6 +60,7 @@ def generate(
     attention_mask: torch.Tensor | None = None,
     config: SamplingConfig | None = None,
     constraint=None,
+    logits_processor=None,
 ) -> GenerationResult:
     """Generate up to ``max_new_tokens`` tokens after each prompt.
 
@@ -72,6 +73,9 @@ def generate(
     ``logitlab.Constraint`` (every output must match its pattern) or a list with one per prompt
     (None for none); each output then matches its pattern when it ends on EOS, and within
     ``max_new_tokens`` in any case (tokens after which no match fits are masked too).
+    ``logits_processor`` is a list of Hugging Face-style processors, each called as
+    ``(tokens, logits)`` with every row's tokens so far (prompt first, padding as -1) before
+    the sampling settings apply: ``ll.ngram_rules.DRY(0.8)``, ``ll.cutoffs.Mirostat(5.0)``, ...
     """
     config = _merge_config(config, dict(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
@@ -88,6 +92,7 @@ def generate(
     began = now(device)
     state, cache, logits = _prefill(model, ids, mask, n, max_new_tokens)
     state.constraints = constraint_rows(constraint, len(ids), n, max_new_tokens)
+    state.processors = check_processors(logits_processor)
     prefill_seconds = now(device) - began
     _decode(model, state, cache, logits, config, generator, eos, min_new_tokens, stops, tokenizer)
     return state.result(tokenizer, n, prefill_seconds, now(device) - began)
@@ -117,6 +122,8 @@ def _decode(model, state, cache, logits, config, generator, eos, min_new_tokens,
             allowed = logits.index_fill(-1, eos_tensor, float("-inf"))  # EOS impossible for now
         if state.constraints:
             allowed = state.constrain(allowed, max_new_tokens - index)
+        for processor in state.processors:
+            allowed = processor(state.tokens_so_far(), allowed)
         tokens = state.choose(logits, allowed, config, generator)
         all_done, keep = state.finish(tokens, eos_tensor, stops, tokenizer, last=index == max_new_tokens - 1)
         if all_done:
@@ -165,6 +172,11 @@ class _Rows:
         self.active = torch.arange(rows, device=ids.device)
         self.model_calls, self.step_seconds = 1, []
         self.constraints, self.automaton = None, [0] * rows  # each row's Constraint and its state
+        self.processors = []
+
+    def tokens_so_far(self) -> torch.Tensor:
+        """``[active rows, seq]``: each active row's prompt (padding -1) and new tokens."""
+        return torch.cat([self.context[self.active], self.output[self.active, : self.steps]], dim=1)
 
     def constrain(self, allowed, tokens_left: int):
         """Mask what each active row's constraint forbids in its current state."""
