@@ -112,7 +112,7 @@ def test_viz_functions_draw_and_label_tokens():
     assert fig.axes[0].patches[0].get_width() == 1.0  # T = 0: all the mass on the top token
     table = ll.viz.top_tokens_table(logits, tok, k=3).data
     assert table.count("\n") == 4 and f"{logits.max().item():.3f}" in table
-    widget = ll.viz.temperature_widget(logits, tok, k=4)
+    widget = ll.widgets.temperature_widget(logits, tok, k=4)
     assert widget.children[0].value == 1.0
     with pytest.raises(ValueError, match="1-D"):
         ll.viz.plot_top_tokens(logits[None], tok)

@@ -1,12 +1,10 @@
-"""The book's plots, tables and widgets.
+"""The book's plots and tables (its widgets are in ``logitlab.widgets``).
 
-Chapter 1 uses ``token_label``, ``top_tokens_table``, ``plot_top_tokens``,
-``plot_temperatures`` and ``temperature_widget``; chapter 2 adds ``plot_kept``; chapter 10
-``constraint_steps`` and ``constraint_widget``. Plots draw on a matplotlib ``Axes`` (made
-for you when none is given) and return it, so a chapter can add to them.
-
-Widgets need a running kernel to react. The rendered website has none, so every widget here
-comes with a static figure that shows the same thing at a few fixed settings.
+Chapter 1 uses ``token_label``, ``top_tokens_table``, ``plot_top_tokens`` and
+``plot_temperatures``; chapter 2 adds ``plot_kept``; chapters 6, 8 and 9 ``outcome_html`` (a
+speculative answer coloured by what became of each token); chapter 10 ``constraint_steps``.
+Plots draw on a matplotlib ``Axes`` (made for you when none is given) and return it, so a
+chapter can add to them.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ def top_tokens_table(logits: torch.Tensor, tokenizer, k: int = 10, temperature: 
     """
     from IPython.display import Markdown
 
-    _check_row(logits)
+    check_row(logits)
     probs = softmax(logits.float(), temperature)
     logps = log_softmax(logits.float(), temperature)
     top = torch.topk(probs, k)
@@ -44,7 +42,7 @@ def top_tokens_table(logits: torch.Tensor, tokenizer, k: int = 10, temperature: 
 
 def plot_top_tokens(probs: torch.Tensor, tokenizer, k: int = 15, ax=None, title: str | None = None, color="C0"):
     """Horizontal bars of the ``k`` most likely tokens of one distribution ``probs [vocab]``."""
-    _check_row(probs)
+    check_row(probs)
     ax = ax or plt.subplots(figsize=(5, 0.28 * k + 0.8))[1]
     top = torch.topk(probs.float(), k)
     labels = [token_label(tokenizer, i) for i in top.indices.tolist()]
@@ -66,7 +64,7 @@ def plot_temperatures(logits: torch.Tensor, tokenizer, temperatures=(0.0, 0.5, 1
     total probability of the ``k`` tokens shown. The static companion of
     :func:`temperature_widget`.
     """
-    _check_row(logits)
+    check_row(logits)
     ids = torch.topk(logits, k).indices
     labels = [token_label(tokenizer, i) for i in ids.tolist()]
     fig, axes = plt.subplots(1, len(temperatures), figsize=(2.6 * len(temperatures), 0.26 * k + 1.2), sharey=True)
@@ -89,7 +87,7 @@ def plot_kept(probs: torch.Tensor, kept: torch.Tensor, tokenizer, k: int = 30, a
 
     ``kept`` is a boolean mask ``[vocab]`` (for example ``~truncated_logits.isneginf()``).
     """
-    _check_row(probs)
+    check_row(probs)
     ax = ax or plt.subplots(figsize=(4, 0.22 * k + 0.8))[1]
     top = torch.topk(probs.float(), k)
     keep = kept[top.indices].tolist()
@@ -101,31 +99,6 @@ def plot_kept(probs: torch.Tensor, kept: torch.Tensor, tokenizer, k: int = 30, a
     if title:
         ax.set_title(title, fontsize=9)
     return ax
-
-
-def temperature_widget(logits: torch.Tensor, tokenizer, k: int = 15):
-    """A slider for the temperature and the top ``k`` tokens' bars, live in Jupyter and Colab."""
-    import ipywidgets as widgets
-
-    _check_row(logits)
-    ids = torch.topk(logits, k).indices
-    labels = [token_label(tokenizer, i) for i in ids.tolist()]
-
-    def draw(temperature):
-        fig, ax = plt.subplots(figsize=(6, 0.28 * k + 0.9))
-        p = softmax(logits.float(), temperature)
-        ax.barh(range(k), p[ids].tolist())
-        ax.set_yticks(range(k), labels, fontsize=8)
-        ax.invert_yaxis()
-        ax.set_xlim(0, 1.05)
-        h = -(p * p.clamp_min(1e-45).log()).sum().item()
-        ax.set_title(f"T = {temperature:.2f}: top-{k} mass {p[ids].sum():.3f}, entropy {h:.2f} nats", fontsize=10)
-        ax.set_xlabel("probability")
-        plt.show()
-
-    slider = widgets.FloatSlider(value=1.0, min=0.0, max=3.0, step=0.05, description="temperature",
-                                 continuous_update=False, style={"description_width": "initial"})
-    return widgets.interactive(draw, temperature=slider)
 
 
 def constraint_steps(constraint, tokenizer, text: str, examples: int = 6):
@@ -157,30 +130,50 @@ def constraint_steps(constraint, tokenizer, text: str, examples: int = 6):
     return Markdown("\n".join(lines))
 
 
-def constraint_widget(tokenizer, pattern: str = r"[0-9]{4}-[0-9]{2}-[0-9]{2}", text: str = "2024-0"):
-    """Type a pattern and an output: the table of ``constraint_steps``, live in Jupyter and Colab."""
-    import ipywidgets as widgets
-    from IPython.display import display
-
-    from .constrained import Constraint
-
-    compiled = {}
-
-    def draw(pattern, text):
-        try:
-            if pattern not in compiled:
-                compiled[pattern] = Constraint(pattern, tokenizer)
-            display(constraint_steps(compiled[pattern], tokenizer, text))
-        except ValueError as error:
-            print(error)
-
-    style = {"description_width": "initial"}
-    return widgets.interactive(draw, pattern=widgets.Text(pattern, description="pattern", style=style,
-                                                          continuous_update=False),
-                               text=widgets.Text(text, description="output so far", style=style,
-                                                 continuous_update=False))
+# What became of each token of a speculative answer, and its colour in ``outcome_html``.
+OUTCOME_COLOURS = {"target": "#d9d9d9", "accepted": "#b7e1a1", "replaced": "#f6b26b", "bonus": "#9fc5e8"}
 
 
-def _check_row(t) -> None:
+def outcome_spans(result, row: int = 0) -> list[tuple[int, str]]:
+    """``(token id, outcome)`` for every new token of ``row`` of a speculative ``result``: the
+    first token comes from the prefill (``"target"``); in each call, the drafts the target kept
+    are ``"accepted"``, and the token the target added after them is ``"replaced"`` when a draft
+    was rejected there and ``"bonus"`` when every draft of the call was kept (for a tree: when the
+    kept path reached the tree's last level)."""
+    lengths = [len(t) for t in result.new_tokens]
+    if not 0 <= row < len(lengths):
+        raise ValueError(f"row must be in [0, {len(lengths)}), got {row!r}")
+    used = [min(1, n) for n in lengths]  # the prefill gave every row its first token
+    kinds = [["target"] * used[r] for r in range(len(lengths))]
+    for nums, drafted in zip(result.accepted, result.drafted):
+        active = [r for r in range(len(lengths)) if used[r] < lengths[r]]  # rows still in the batch
+        for r, num in zip(active, nums):
+            call = ["accepted"] * num + ["bonus" if num == drafted else "replaced"]
+            call = call[:lengths[r] - used[r]]  # a row can stop inside a call (EOS, max_new_tokens)
+            kinds[r] += call
+            used[r] += len(call)
+    return list(zip(result.new_tokens[row].tolist(), kinds[row]))
+
+
+def outcome_html(result, tokenizer, row: int = 0):
+    """``row`` of a speculative answer as HTML, each token on the colour of its outcome
+    (``outcome_spans``), with a legend and the count of each outcome."""
+    import html
+
+    from IPython.display import HTML
+
+    spans = outcome_spans(result, row)
+    pieces = []
+    for token, kind in spans:
+        text = html.escape(tokenizer.decode([token])).replace("\n", "↵<br>")
+        pieces.append(f'<span style="background:{OUTCOME_COLOURS[kind]};border-radius:2px" title="{kind}">{text}</span>')
+    counts = {kind: sum(k == kind for _, k in spans) for kind in OUTCOME_COLOURS}
+    legend = " ".join(f'<span style="background:{colour};padding:0 4px">{kind}: {counts[kind]}</span>'
+                      for kind, colour in OUTCOME_COLOURS.items())
+    return HTML(f'<div class="speculative-outcome"><p style="font-size:90%">{legend}</p>'
+                f'<p style="line-height:1.8">{"".join(pieces)}</p></div>')
+
+
+def check_row(t) -> None:
     if not isinstance(t, torch.Tensor) or t.dim() != 1:
         raise ValueError("pass one distribution: a 1-D tensor [vocab] (index a batch with [0] first)")

@@ -1,0 +1,42 @@
+"""The measurements the book ships, for the closing chapter ("Choosing a decoder").
+
+Two files in ``logitlab/data``:
+
+* ``bench_cpu.json``: one whole run of ``python -m logitlab.bench`` on the book's 2-core CPU,
+  every row (measurement, median seconds, ratio, what the ratio is against) and the machine;
+* ``gpu_pass_costs_h100.json``: the cost of a forward pass of SmolLM2-135M over n new tokens on
+  an NVIDIA H100, in float32 and bfloat16, and the one-layer draft model's step over the
+  target's (c), measured once with the book's own timing code.
+
+A chapter reads them instead of re-running a bench of over an hour; each row says what it
+measured, so the chapter can print where every number of its tables comes from.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+DATA = Path(__file__).parent / "data"
+
+
+def bench_run(path: str | Path | None = None) -> dict:
+    """The shipped bench run (or the JSON that ``python -m logitlab.bench --json`` wrote at
+    ``path``): ``{"machine": ..., "rows": [{"measurement", "seconds", "ratio", "against"}, ...]}``."""
+    return json.loads(Path(path or DATA / "bench_cpu.json").read_text())
+
+
+def find_row(rows: list[dict], pattern: str) -> dict:
+    """The one row whose measurement matches the regular expression ``pattern``; a
+    ``ValueError`` when none or several do (a table must not pick a row by accident)."""
+    hits = [r for r in rows if re.search(pattern, r["measurement"])]
+    if len(hits) != 1:
+        raise ValueError(f"pattern {pattern!r} matches {len(hits)} rows of the bench run, not one: "
+                         + "; ".join(r["measurement"] for r in hits[:5]))
+    return hits[0]
+
+
+def gpu_pass_costs() -> dict:
+    """The H100 measurements: ``pass_seconds[dtype][n]`` (n as a string) and ``c_draft_model_float32``."""
+    return json.loads((DATA / "gpu_pass_costs_h100.json").read_text())
