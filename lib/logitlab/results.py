@@ -37,6 +37,32 @@ def find_row(rows: list[dict], pattern: str) -> dict:
     return hits[0]
 
 
+def run_markdown(run: dict) -> str:
+    """A bench run as the benchmarks page shows it: the machine, then one table per section of
+    the run, in its order (what ``python -m logitlab.bench`` prints, split by section)."""
+    from .bench.table import Table
+
+    sections = list(dict.fromkeys(r.get("section", "") for r in run["rows"]))
+    parts = [f"Machine: {run['machine']}."]
+    for section in sections:
+        rows = [r for r in run["rows"] if r.get("section", "") == section]
+        parts.append((f"### {section}\n\n" if section else "") + Table(rows).markdown())
+    return "\n\n".join(parts) + "\n"
+
+
+# The shipped run's tables sit between these two lines of the benchmarks page (MyST comments).
+PAGE_BEGIN, PAGE_END = "% BEGIN the shipped bench run", "% END the shipped bench run"
+
+
+def write_into_page(page: str | Path, run: dict | None = None) -> None:
+    """Replace the tables between ``PAGE_BEGIN`` and ``PAGE_END`` in ``page`` (the benchmarks
+    page) with ``run_markdown(run)`` (default: the shipped run), after a new bench run is shipped."""
+    page = Path(page)
+    text = page.read_text()
+    start, end = text.index(PAGE_BEGIN) + len(PAGE_BEGIN), text.index(PAGE_END)
+    page.write_text(text[:start] + "\n\n" + run_markdown(run or bench_run()) + "\n" + text[end:])
+
+
 def gpu_pass_costs() -> dict:
     """The H100 measurements: ``pass_seconds[dtype][n]`` (n as a string) and ``c_draft_model_float32``."""
     return json.loads((DATA / "gpu_pass_costs_h100.json").read_text())

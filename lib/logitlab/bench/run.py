@@ -51,6 +51,7 @@ def main(argv=None) -> Table:
     torch.manual_seed(0)
     table = Table()
     if not args.skip_load:
+        table.section = SECTIONS["load"]
         bench_load(table)
     model, tokenizer = models.load("smollm2-135m", device="cpu")
     # Every Hugging Face row runs on the model as Hugging Face gives it: no fast path.
@@ -72,33 +73,47 @@ def main(argv=None) -> Table:
     return table
 
 
+# The sections of the table, in the order of the book; each row records the one it belongs to.
+SECTIONS = {"load": "Loading the model (chapter 1)",
+            "verification": "The cost of a forward pass (chapters 5 and 6)",
+            "sampling": "Sampling and truncation on a batch of logits (chapters 1 and 2)",
+            "generate": "The decoding loop (chapter 3)",
+            "parallel": "Batches, trees and beams (chapters 4 and 5)",
+            "speculative": "Prompt lookup and the draft model (chapter 6)",
+            "typical": "Medusa heads and typical acceptance (chapter 7)",
+            "eagle": "The EAGLE drafter (chapter 9)",
+            "constrained": "Constrained decoding (chapter 10)",
+            "pass": "PaSS look-ahead embeddings (chapter 8)",
+            "decoders": "Every decoder that drafts nothing (chapter 11)"}
+
+
 def run_sections(args, table: Table, model, stock, tokenizer):
     """Every section that ``args`` does not skip, in the order of the book; returns the fast
     path's time breakdown (None when the verification rows are skipped)."""
     repeat = {"repeat": 2} if args.quick else {}
     breakdown = None
     if not args.skip_verification:
+        table.section = SECTIONS["verification"]
         breakdown = bench_verification(table, model, stock, tokenizer, **({"rounds": 4} if args.quick else {}))
-    if not (args.skip_verification or args.skip_llama_cpp):
-        bench_llama_cpp(table, model, cached_prefix(tokenizer))
+        if not args.skip_llama_cpp:
+            bench_llama_cpp(table, model, cached_prefix(tokenizer))
+    table.section = SECTIONS["sampling"]
     bench_sampling(table, model, tokenizer)
-    if not args.skip_generate:
-        bench_generate(table, model, tokenizer, stock=stock, **repeat)
-    if not args.skip_parallel:
-        bench_parallel(table, model, tokenizer, stock=stock)
-    if not args.skip_speculative:
-        bench_speculative(table, model, tokenizer, stock=stock, **repeat)
-        bench_draft_model(table, model, tokenizer, stock=stock, **repeat)
-    if not args.skip_typical:
-        bench_typical(table, model, tokenizer, **(dict(repeat, temperatures=(0.0, 1.0)) if args.quick else {}))
-    if not args.skip_eagle:
-        bench_eagle(table, model, tokenizer, **repeat)
-    if not args.skip_constrained:
-        bench_constrained(table, model, tokenizer, **repeat)
-    if not args.skip_pass:
-        bench_pass(table, model, tokenizer, **(dict(repeat, ks=(1, 2, 4, 8), single_ks=(1, 2)) if args.quick else {}))
-    if not args.skip_decoders:
-        bench_decoders(table, model, tokenizer, **repeat)
+    parts = [("generate", lambda: bench_generate(table, model, tokenizer, stock=stock, **repeat)),
+             ("parallel", lambda: bench_parallel(table, model, tokenizer, stock=stock)),
+             ("speculative", lambda: (bench_speculative(table, model, tokenizer, stock=stock, **repeat),
+                                      bench_draft_model(table, model, tokenizer, stock=stock, **repeat))),
+             ("typical", lambda: bench_typical(table, model, tokenizer,
+                                               **(dict(repeat, temperatures=(0.0, 1.0)) if args.quick else {}))),
+             ("eagle", lambda: bench_eagle(table, model, tokenizer, **repeat)),
+             ("constrained", lambda: bench_constrained(table, model, tokenizer, **repeat)),
+             ("pass", lambda: bench_pass(table, model, tokenizer,
+                                         **(dict(repeat, ks=(1, 2, 4, 8), single_ks=(1, 2)) if args.quick else {}))),
+             ("decoders", lambda: bench_decoders(table, model, tokenizer, **repeat))]
+    for name, run in parts:
+        if not getattr(args, f"skip_{name}"):
+            table.section = SECTIONS[name]
+            run()
     return breakdown
 
 

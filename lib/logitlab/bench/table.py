@@ -8,13 +8,16 @@ from ..fast_cpu import cpu_info
 
 
 class Table:
-    """Rows of (what, seconds, ratio, what the ratio is against)."""
+    """Rows of (what, seconds, ratio, what the ratio is against), each in the section of the
+    bench that was running when it was added (``section``, set by ``run_sections``)."""
 
-    def __init__(self):
-        self.rows = []
+    def __init__(self, rows: list[dict] | None = None):
+        self.rows = list(rows or [])
+        self.section = ""
 
     def add(self, name: str, seconds: float, ratio: float | None = None, against: str = "") -> None:
-        self.rows.append({"measurement": name, "seconds": seconds, "ratio": ratio, "against": against})
+        self.rows.append({"measurement": name, "seconds": seconds, "ratio": ratio, "against": against,
+                          "section": self.section})
 
     def markdown(self) -> str:
         lines = ["| measurement | median time | ratio |", "|:---|---:|---:|"]
