@@ -13,5 +13,6 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Build the book last: it renders the chapters that nbmake has executed in this run."""
-    items.sort(key=lambda item: "test_book.py" in str(item.fspath))
+    """Build the book last, and open it in a browser after that: the book renders the chapters
+    that nbmake has executed in this run."""
+    items.sort(key=lambda item: ("test_book.py" in str(item.fspath)) + 2 * ("test_site_in_browser.py" in str(item.fspath)))

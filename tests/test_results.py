@@ -1,0 +1,68 @@
+"""The measurements the library ships (logitlab.results): the bench run that chapter 11 and the
+benchmarks page read, and the GPU pass costs."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from logitlab import results
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_benchmarks_page_shows_the_shipped_run():
+    # After shipping a new run: ll.results.write_into_page("book/benchmarks.md") rewrites the tables.
+    text = (ROOT / "book" / "benchmarks.md").read_text()
+    block = text[text.index(results.PAGE_BEGIN) + len(results.PAGE_BEGIN):text.index(results.PAGE_END)]
+    assert block.strip() == results.run_markdown(results.bench_run()).strip(), \
+        "book/benchmarks.md is stale: run ll.results.write_into_page('book/benchmarks.md')"
+
+
+def test_the_prose_about_the_run_quotes_the_run():
+    # Every ratio the page's reading of the run quotes ("1.23x") is in the run's tables (a
+    # measured ratio, or a forecast in a row's label).
+    text = (ROOT / "book" / "benchmarks.md").read_text()
+    reading = text[text.index(results.PAGE_END):text.index("## Earlier runs")]
+    quoted = set(re.findall(r"(\d+\.\d\d)x", reading))
+    measured = set(re.findall(r"(\d+\.\d\d)x", results.run_markdown(results.bench_run())))
+    assert quoted and quoted <= measured, f"ratios quoted but not in the run: {sorted(quoted - measured)}"
+
+
+def test_the_shipped_run_is_one_whole_run():
+    run = results.bench_run()
+    sections = list(dict.fromkeys(r["section"] for r in run["rows"]))
+    # Every section of the bench, in the order of the book (llama.cpp rows only where it is installed).
+    from logitlab.bench.run import SECTIONS
+
+    assert sections == list(SECTIONS.values())
+    assert all(r["seconds"] > 0 for r in run["rows"]) and "threads" in run["machine"]
+
+
+def test_find_row_wants_exactly_one_match():
+    rows = [{"measurement": "a b"}, {"measurement": "a c"}]
+    assert results.find_row(rows, "b$") is rows[0]
+    with pytest.raises(ValueError, match="matches 2 rows"):
+        results.find_row(rows, "^a")
+    with pytest.raises(ValueError, match="matches 0 rows"):
+        results.find_row(rows, "z")
+
+
+def test_run_markdown_groups_rows_by_section(tmp_path):
+    run = {"machine": "m", "rows": [
+        {"measurement": "x", "seconds": 0.5, "ratio": None, "against": "", "section": "One"},
+        {"measurement": "y", "seconds": 0.25, "ratio": 2.0, "against": "faster than x", "section": "Two"}]}
+    text = results.run_markdown(run)
+    assert text.startswith("Machine: m.") and "### One" in text and "### Two" in text
+    assert text.index("| x | 500.0 ms |") < text.index("### Two") < text.index("| y | 250.0 ms | 2.00x faster than x |")
+    page = tmp_path / "page.md"
+    page.write_text(f"head\n{results.PAGE_BEGIN}\nold\n{results.PAGE_END}\ntail\n")
+    results.write_into_page(page, run)
+    assert "old" not in page.read_text() and text in page.read_text() and page.read_text().endswith("tail\n")
+
+
+def test_gpu_pass_costs_cover_the_sizes_chapter_11_reads():
+    gpu = results.gpu_pass_costs()
+    for dtype in ("float32", "bfloat16"):
+        assert all(str(n) in gpu["pass_seconds"][dtype] for n in (1, 2, 4, 8, 16))
+    assert 0 < gpu["c_draft_model_float32"] < 1
