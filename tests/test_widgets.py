@@ -98,3 +98,10 @@ def test_outcome_html_counts_a_real_run(toy):
     assert f"accepted: {kinds.count('accepted')}" in html and html.count("<span") == 30 + 4
     widget, _ = drawn(lambda: widgets.outcome_widget({"toy draft": run}, tok))
     assert widget.children[0].options == ("toy draft",)
+
+
+def test_html_table_renders_a_pipe_table_for_the_website():
+    # The widget embedder prints Markdown as raw text: a widget's tables go out as HTML.
+    out = widgets.html_table("| a | b \\| c |\n|---:|:---|\n| `x` | 1 \\| 2 |\n| <y> | 3 |").data
+    assert out == ("<table><thead><tr><th>a</th><th>b | c</th></tr></thead><tbody><tr><td>x</td><td>1 | 2</td></tr>"
+                   "<tr><td>&lt;y&gt;</td><td>3</td></tr></tbody></table>")

@@ -27,6 +27,28 @@ from .probs import softmax
 from .viz import check_row, constraint_steps, outcome_html, plot_kept, token_label
 
 
+def html_table(markdown):
+    """A Markdown pipe table (``IPython.display.Markdown`` or its text) as ``IPython.display.HTML``.
+
+    A widget's output is shown on the website by the widget embedder, which renders HTML and
+    images but prints Markdown as raw text; a table a widget draws goes out as HTML instead."""
+    import html
+    import re
+
+    from IPython.display import HTML
+
+    text = getattr(markdown, "data", markdown)
+    lines = [line for line in text.strip().splitlines() if line.startswith("|")]
+
+    def cells(line):  # split on the pipes that are not escaped (a cell may hold a "\|")
+        return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cells(lines[0]))
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c.strip('`'))}</td>" for c in cells(line)) + "</tr>"
+                   for line in lines[2:])
+    return HTML(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+
+
 def _controls():
     import ipywidgets as widgets
 
@@ -71,7 +93,7 @@ def constraint_widget(tokenizer, pattern: str = r"[0-9]{4}-[0-9]{2}-[0-9]{2}", t
         try:
             if pattern not in compiled:
                 compiled[pattern] = Constraint(pattern, tokenizer)
-            display(constraint_steps(compiled[pattern], tokenizer, text))
+            display(html_table(constraint_steps(compiled[pattern], tokenizer, text)))
         except ValueError as error:
             print(error)
 
@@ -146,7 +168,7 @@ def penalty_widget(logits: torch.Tensor, context: torch.Tensor, output: torch.Te
 def beam_widget(model, tokenizer, prompt_ids, max_new_tokens: int = 24):
     """Beam search on one prompt (``prompt_ids``, a list of token ids) with a chosen width and
     length penalty: every hypothesis it returns, with its length, log-probability and score."""
-    from IPython.display import Markdown, display
+    from IPython.display import display
 
     from .beam import beam_search
 
@@ -159,7 +181,7 @@ def beam_widget(model, tokenizer, prompt_ids, max_new_tokens: int = 24):
         for rank, h in enumerate(result.hypotheses[0], 1):
             text = (h.text or "").replace("|", "\\|").replace("\n", " ")
             lines.append(f"| {rank} | {text} | {len(h.tokens)} | {h.logprob:.2f} | {h.score:.3f} |")
-        display(Markdown("\n".join(lines)))
+        display(html_table("\n".join(lines)))
 
     return widgets.interactive(
         draw, num_beams=widgets.IntSlider(value=4, min=1, max=8, description="beams", **options),
