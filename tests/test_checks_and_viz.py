@@ -96,7 +96,7 @@ def test_check_gumbel_max_rejects_wrong_samplers(fn, message):
 class CharTokenizer:
     """Enough of a tokenizer for the plots: token i is the character chr(97 + i)."""
 
-    def decode(self, ids):
+    def decode(self, ids, skip_special_tokens=False):  # no special tokens to skip
         return "".join(" " + chr(97 + i) if i % 2 else chr(97 + i) for i in ids)
 
 

@@ -54,10 +54,18 @@ def test_penalty_typical_speedup_and_temperature_widgets_draw(toy):
     assert [c.description for c in widget.children[:4]] == ["α", "γ", "c", "v"] and widget.children[1].max == 4
 
 
-def test_beam_and_tree_widgets_run_the_model(toy, capsys):
+def test_beam_and_tree_widgets_run_the_model(toy, monkeypatch):
+    import IPython.display
+
     model, tok = toy
+    shown = []  # what the beam widget displays: one HTML table per draw
+    monkeypatch.setattr(IPython.display, "display", shown.append)
     widget, _ = drawn(lambda: widgets.beam_widget(model, tok, [1, 2, 3], max_new_tokens=4))
-    assert widget.children[0].value == 4
+    assert widget.children[0].value == 4 and shown[-1].data.count("<tr>") == 1 + 4  # header + every beam
+    best = ll.beam_search(model, [[1, 2, 3]], num_beams=4, max_new_tokens=4, tokenizer=tok).best[0]
+    assert f"<td>{best.logprob:.2f}</td>" in shown[-1].data.split("</tr>")[1]  # rank 1 is beam search's best
+    widget.children[0].value = 2
+    assert shown[-1].data.count("<tr>") == 1 + 2
     _, figures = drawn(lambda: widgets.tree_widget(model, tok, [1, 2, 3]))
     assert figures[0][0].startswith("branching (3, 2, 2): 21 nodes, 12 paths")
 

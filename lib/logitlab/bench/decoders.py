@@ -57,7 +57,7 @@ def bench_decoders(table: Table, model, tokenizer, new_tokens: int = 128, beams:
             label = f"{label} (removes {removed[label]:.1%} of the probability per step)"
         answers = n if label.endswith("one batch") else 1
         table.add(f"decoders: {label}, T=1, {name}", seconds, answers * times[0] / seconds,
-                  "faster than ll.generate (answers per second)")
+                  "faster than ll.generate, in answers per second")
 
 
 def removed_mass(model, sequences: list, new_tokens: int) -> dict:
