@@ -6,7 +6,10 @@ Two files in ``logitlab/data``:
   every row (measurement, median seconds, ratio, what the ratio is against) and the machine;
 * ``gpu_pass_costs_h100.json``: the cost of a forward pass of SmolLM2-135M over n new tokens on
   an NVIDIA H100, in float32 and bfloat16, and the one-layer draft model's step over the
-  target's (c), measured once with the book's own timing code.
+  target's (c), measured once with the book's own timing code;
+* ``gpu_speed_h200.json``: ``ll.generate`` against the draft model and EAGLE's tree (exact, and
+  with typical acceptance) on an NVIDIA H200, measured once with the bench's own pieces (the
+  file's ``how`` says which); its ``measurements`` hold that machine's decode step, c and v(n).
 
 A chapter reads them instead of re-running a bench of over an hour; each row says what it
 measured, so the chapter can print where every number of its tables comes from.
@@ -66,3 +69,11 @@ def write_into_page(page: str | Path, run: dict | None = None) -> None:
 def gpu_pass_costs() -> dict:
     """The H100 measurements: ``pass_seconds[dtype][n]`` (n as a string) and ``c_draft_model_float32``."""
     return json.loads((DATA / "gpu_pass_costs_h100.json").read_text())
+
+
+def gpu_speed() -> dict:
+    """The H200 run: ``info`` (device, versions), ``settings``, ``measurements`` (``decode_step_ms``,
+    ``c_draft_model``, ``v_n``) and ``rows`` (one per contender and temperature, with
+    ``ratio_over_ll_generate``, and for a drafter ``tokens_per_target_call``, ``alpha``,
+    ``verify_call_ms``)."""
+    return json.loads((DATA / "gpu_speed_h200.json").read_text())
