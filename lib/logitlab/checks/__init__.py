@@ -5,6 +5,10 @@ then the edge cases that catch real mistakes), compares with the library's refer
 either prints how many cases passed (and returns nothing) or raises :class:`CheckFailed` describing the first case
 that differs, in words: the input, what was expected, what came back, and a hint.
 
+While the student's function runs, the library function that the exercise asks for (and any
+``ll.*`` function that uses it) fails: an answer that hands the exercise back to the library is
+told so, in words, instead of passing (``common.asks_for``).
+
 An exercise that has not been written yet (``raise NotImplementedError``) is not caught: the
 error goes through unchanged, so a student sees exactly which exercise is still open.
 

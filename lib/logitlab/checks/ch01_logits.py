@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..probs import softmax
-from .common import CheckFailed, call, call_unchanged, show
+from .common import CheckFailed, asks_for, call, call_unchanged, show
 
 
 def _softmax_cases():
@@ -34,6 +34,7 @@ def _softmax_cases():
     yield "a three-dimensional batch", torch.randn(2, 3, 5, generator=gen), 1.3, "Use dim=-1, not dim=1."
 
 
+@asks_for("logitlab.probs.softmax")
 def check_softmax(fn) -> None:
     """Check ``fn(logits, temperature)`` against :func:`logitlab.softmax` (chapter 1)."""
     cases = list(_softmax_cases())
@@ -58,6 +59,7 @@ def check_softmax(fn) -> None:
     print(f"check_softmax: all {len(cases)} cases passed.")
 
 
+@asks_for("logitlab.sampling.gumbel_max", "logitlab.sampling.add_gumbel_noise", "logitlab.sampling.sample")
 def check_gumbel_max(fn, samples: int = 40_000) -> None:
     """Check ``fn(logits, generator)`` samples like ``softmax(logits)`` (chapter 1).
 

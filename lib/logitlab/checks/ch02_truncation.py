@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import CheckFailed, call_unchanged, show
+from .common import CheckFailed, asks_for, call_unchanged, show
 
 
 def _check_truncation(fn, reference, cases, name: str) -> None:
@@ -35,6 +35,7 @@ def _kept(mask: torch.Tensor) -> str:
     return str(ids[0] if mask.dim() == 1 else ids)
 
 
+@asks_for("logitlab.processors.top_k")
 def check_top_k(fn) -> None:
     """Check ``fn(logits, k)`` against :func:`logitlab.processors.top_k` (chapter 2)."""
     from ..processors import top_k
@@ -56,6 +57,7 @@ def check_top_k(fn) -> None:
     _check_truncation(fn, top_k, cases, "top-k")
 
 
+@asks_for("logitlab.processors.top_p")
 def check_top_p(fn) -> None:
     """Check ``fn(logits, p)`` against :func:`logitlab.processors.top_p` (chapter 2)."""
     import math

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from .common import CheckFailed, call, call_unchanged, show
+from .common import CheckFailed, asks_for, call, call_unchanged, show
 
 
+@asks_for("logitlab.penalties.frequency_penalty")
 def check_frequency_penalty(fn) -> None:
     """Check ``fn(logits, prev_tokens, penalty)`` against
     :func:`logitlab.penalties.frequency_penalty` (chapter 3)."""
@@ -61,6 +62,7 @@ def check_frequency_penalty(fn) -> None:
     print(f"check_frequency_penalty: all {len(cases)} cases passed.")
 
 
+@asks_for("logitlab.generate.find_stop")
 def check_stop_position(fn) -> None:
     """Check ``fn(pieces, stops)`` against :func:`logitlab.generate.find_stop` applied to
     ``"".join(pieces)`` (chapter 3)."""

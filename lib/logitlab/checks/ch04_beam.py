@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import CheckFailed, call, show
+from .common import CheckFailed, asks_for, call, show
 
 
 def _beam_step_reference(logprobs, beam_scores, num_beams):
@@ -27,6 +27,7 @@ def _beam_step_cases():
     yield "a large vocabulary", logp(4, 1000), -torch.rand(4, generator=gen) * 3, 4, ""
 
 
+@asks_for("logitlab.beam.beam_search")
 def check_beam_step(fn) -> None:
     """Check ``fn(logprobs, beam_scores, num_beams) -> (scores, parents, tokens)`` (chapter 4)."""
     cases = list(_beam_step_cases())
@@ -50,6 +51,7 @@ def check_beam_step(fn) -> None:
     print(f"check_beam_step: all {len(cases)} cases passed.")
 
 
+@asks_for("logitlab.beam.beam_search")
 def check_backtrack(fn) -> None:
     """Check ``fn(parents, tokens, beam)`` against the beams that ``ll.beam_search`` records (chapter 4)."""
     from ..beam import beam_search

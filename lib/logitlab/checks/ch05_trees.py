@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import CheckFailed, call, call_unchanged, show
+from .common import CheckFailed, asks_for, call, call_unchanged, show
 
 
 def _tree_cases():
@@ -36,6 +36,7 @@ def _tree_cases():
         yield f"a random tree of {n} nodes", parents, ancestors_only
 
 
+@asks_for("logitlab.tree.tree_attention_mask", "logitlab.tree.ancestors")
 def check_tree_mask(fn) -> None:
     """Check ``fn(parents)`` against :func:`logitlab.tree.tree_attention_mask` (chapter 5).
 
@@ -76,6 +77,7 @@ def check_tree_mask(fn) -> None:
     print(f"check_tree_mask: all {len(cases)} cases passed.")
 
 
+@asks_for("logitlab.tree.tree_position_ids")
 def check_tree_positions(fn) -> None:
     """Check ``fn(parents, offset)`` against :func:`logitlab.tree.tree_position_ids` (chapter 5)."""
     from ..tree import tree_position_ids

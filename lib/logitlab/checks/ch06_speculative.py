@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import CheckFailed, call, show
+from .common import CheckFailed, asks_for, call, show
 
 
 def _as_ints(got, label):
@@ -54,6 +54,7 @@ def _verify_counts(fn, q, p, gen, trials: int, label: str):
     return first, second
 
 
+@asks_for("logitlab.speculative.verify")
 def check_verify(fn, trials: int = 20_000) -> None:
     """Check ``fn(draft_tokens, q, p, generator) -> (num_accepted, next_token)`` for one sequence
     (chapter 6): hand cases first, then a statistical test of the tokens it outputs.
@@ -93,6 +94,7 @@ def check_verify(fn, trials: int = 20_000) -> None:
     print(f"check_verify: all {len(hand)} hand cases and the statistical test ({trials} calls) passed.")
 
 
+@asks_for("logitlab.speculative.expected_tokens", "logitlab.speculative.speedup")
 def check_expected_tokens(fn) -> None:
     """Check ``fn(alpha, gamma) -> float``, the expected tokens per target call (chapter 6)."""
     cases = [(0.0, 3, 1.0, "alpha = 0: every first draft is rejected, the call yields its one replacement token"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import CheckFailed, call
+from .common import CheckFailed, asks_for, call
 
 
 def check_match_probability(fn) -> None:
@@ -30,6 +30,7 @@ def check_match_probability(fn) -> None:
     print(f"check_match_probability: all {len(cases)} cases passed.")
 
 
+@asks_for("logitlab.typical_acceptance.typical_accept")
 def check_typical_accept(fn) -> None:
     """Check ``fn(draft_tokens, p, epsilon, delta) -> num_accepted`` for one sequence (chapter 7)
     against :func:`logitlab.typical_acceptance.typical_accept`: ``draft_tokens`` ``[g]``, ``p``

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import copy
 
-from .common import CheckFailed, as_list, call
+from .common import CheckFailed, as_list, asks_for, call
 
 
+@asks_for("logitlab.training.lookahead.training_layout")
 def check_training_layout(fn) -> None:
     """Check ``fn(length, starts, k) -> parents`` (chapter 8) against
     :func:`logitlab.training.lookahead.training_layout`: a sequence of ``length`` tokens as a chain, then
@@ -22,6 +23,7 @@ def check_training_layout(fn) -> None:
                      "hangs from token t, each later slot from the slot before it.", "check_training_layout")
 
 
+@asks_for("logitlab.lookahead.single_call_layout")
 def check_single_call_layout(fn) -> None:
     """Check ``fn(num_drafts, groups) -> parents`` (chapter 8) against
     :func:`logitlab.lookahead.single_call_layout`: the pending token, the drafts as a chain, then a

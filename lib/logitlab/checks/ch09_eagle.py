@@ -7,9 +7,10 @@ import copy
 
 import torch
 
-from .common import CheckFailed, as_list, call, call_unchanged, show
+from .common import CheckFailed, as_list, asks_for, call, call_unchanged, show
 
 
+@asks_for("logitlab.eagle.rerank")
 def check_keep_best(fn) -> None:
     """Check ``fn(scores, parents, budget) -> (kept, new_parents)`` (chapter 9) against
     :func:`logitlab.eagle.rerank`: the ``budget`` candidates with the highest cumulative scores,
@@ -42,6 +43,7 @@ def check_keep_best(fn) -> None:
     print(f"check_keep_best: all {len(cases)} cases passed.")
 
 
+@asks_for("logitlab.tree_verification.after_rejection")
 def check_after_rejection(fn) -> None:
     """Check ``fn(r, token, q) -> left`` (chapter 9) against
     :func:`logitlab.tree_verification.after_rejection`: the target's distribution left for the next

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from .common import CheckFailed, as_list, call_unchanged
+from .common import CheckFailed, as_list, asks_for, call_unchanged
 
 
+@asks_for("logitlab.constrained.build_index")
 def check_allowed_tokens(fn) -> None:
     """Check ``fn(table, vocab, state) -> {token: next_state}`` (chapter 10) against
     :func:`logitlab.constrained.build_index`. ``table`` is a pruned byte automaton's move table
@@ -54,6 +55,7 @@ def check_allowed_tokens(fn) -> None:
     print(f"check_allowed_tokens: all {len(cases)} cases passed.")
 
 
+@asks_for("logitlab.constrained.fewest_tokens")
 def check_fewest_tokens(fn) -> None:
     """Check ``fn(moves, accepting) -> list`` (chapter 10) against
     :func:`logitlab.constrained.fewest_tokens`: ``moves[s]`` lists the states one token leads to

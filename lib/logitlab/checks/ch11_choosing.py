@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from .common import CheckFailed, call_unchanged, show
+from .common import CheckFailed, asks_for, call_unchanged, show
 
 
 def _reference_gamma(alpha: float, c: float, v: dict) -> int:
@@ -20,6 +20,7 @@ def _reference_gamma(alpha: float, c: float, v: dict) -> int:
     return next(g for g, s in zip(gammas, scores) if s >= best * (1 - 1e-12))
 
 
+@asks_for("logitlab.speculative.speedup", "logitlab.speculative.expected_tokens")
 def check_best_gamma(fn) -> None:
     """Check ``fn(alpha, c, v) -> int`` (chapter 11): the number of drafts per call, among
     1 .. max(v) - 1, that the cost model predicts to be fastest, where a call costs ``gamma * c``
@@ -56,6 +57,7 @@ def check_best_gamma(fn) -> None:
     print(f"check_best_gamma: all {len(cases)} cases passed.")
 
 
+@asks_for("logitlab.probs.tv_distance")
 def check_truncation_distance(fn) -> None:
     """Check ``fn(logits, kept_logits) -> tensor [...]`` (chapter 11): the total-variation distance,
     per row, between the softmax of ``logits`` and the softmax of ``kept_logits``, the same logits

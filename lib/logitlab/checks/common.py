@@ -1,15 +1,86 @@
 """What the checks of several chapters share: the failure they raise, how they call a student's
-function and how they write tensors and lists into their messages."""
+function (with the library's own answer out of reach) and how they write tensors and lists into
+their messages."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
+import importlib
+import inspect
 
 import torch
 
 
 class CheckFailed(AssertionError):
     """A student's function gave a wrong answer on one case (the message says which)."""
+
+
+class _LibraryCalled(BaseException):
+    """Raised inside a student's function that called a library function its exercise asks
+    for. A BaseException, so that a student's ``except Exception`` cannot swallow it."""
+
+
+def _forbidden_call(*args, **kwargs):
+    # Runs with the globals of the library module it replaces a function of: it can only reach
+    # this module through __import__.
+    raise __import__("logitlab.checks.common", fromlist=["_LibraryCalled"])._LibraryCalled()
+
+
+# The library functions the running check compares against: its exercise asks for them.
+_forbidden: list = []
+
+
+@contextlib.contextmanager
+def own_work(*functions):
+    """While a check runs, a call of any of ``functions`` from inside the student's function
+    (directly, under another name, or through another ``ll.*`` function that uses it) fails with
+    a message saying that the exercise asks for the student's own implementation. The check's
+    own reference calls, made outside the student's function, are not affected."""
+    _forbidden[:] = [inspect.unwrap(f) for f in functions]  # decorated: the function doing the work
+    try:
+        yield
+    finally:
+        _forbidden.clear()
+
+
+def asks_for(*names):
+    """Decorator of a check whose exercise asks for the library functions ``names`` (dotted,
+    e.g. ``"logitlab.probs.softmax"``): the check runs under :func:`own_work` of them."""
+
+    def decorate(check):
+        @functools.wraps(check)
+        def checked(*args, **kwargs):
+            functions = []
+            for name in names:
+                module, attribute = name.rsplit(".", 1)
+                functions.append(getattr(importlib.import_module(module), attribute))
+            with own_work(*functions):
+                return check(*args, **kwargs)
+
+        return checked
+
+    return decorate
+
+
+def _names() -> str:
+    return " or ".join(f"{f.__module__.replace('logitlab', 'll', 1)}.{f.__qualname__}" for f in _forbidden)
+
+
+@contextlib.contextmanager
+def _library_out_of_reach():
+    # Swap each forbidden function's code for one that raises: every reference to the function
+    # object (ll.softmax, a name imported from logitlab.probs, the library's own internal calls)
+    # then fails, which replacing module attributes would not achieve.
+    saved = [(f, f.__code__) for f in _forbidden]
+    try:
+        for f, _ in saved:
+            f.__code__ = _forbidden_call.__code__
+        yield
+    finally:
+        for f, code in saved:
+            f.__code__ = code
 
 
 def show(t: torch.Tensor) -> str:
@@ -21,12 +92,19 @@ def show(t: torch.Tensor) -> str:
 
 
 def call(fn, case: str, *args):
-    """``fn(*args)``; an error it raises becomes a :class:`CheckFailed` naming ``case``, except
-    ``NotImplementedError`` (an exercise not written yet), which goes through unchanged."""
+    """``fn(*args)``, with the functions of :func:`own_work` out of reach; an error it raises
+    becomes a :class:`CheckFailed` naming ``case``, except ``NotImplementedError`` (an exercise
+    not written yet), which goes through unchanged."""
     try:
-        return fn(*args)
+        with _library_out_of_reach():
+            return fn(*args)
     except NotImplementedError:
         raise
+    except _LibraryCalled:
+        raise CheckFailed(
+            f"{case}: your function called {_names()}, the library's own answer to this exercise. "
+            "The exercise asks for your own implementation: write it with torch (or plain Python) "
+            "operations instead.") from None
     except Exception as exc:  # the student's error, reported with the case that caused it
         raise CheckFailed(f"{case}: your function raised {type(exc).__name__}: {exc}") from exc
 
