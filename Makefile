@@ -2,8 +2,9 @@
 #   make book   set up .venv (first time only), then build the website into _build/html,
 #               executing every chapter
 #   make test   the same set-up, then everything CI checks: library tests, every chapter
-#               executed (once) by nbmake, the student versions, the book built with
-#               warnings as errors from those executed chapters; then `make test-lower`
+#               executed once (tests/test_chapters.py: each exercise run without its solution,
+#               then with it), the book built with warnings as errors from those executed
+#               chapters, the site opened in a browser; then `make test-lower`
 #   make test-lower   the library tests again, in a second venv (.venv-lower) holding the lowest
 #               versions pyproject.toml allows
 #
@@ -23,10 +24,10 @@ REQUIREJS_VERSION := 2.3.7
 HTML_MANAGER_VERSION := 1.0.14
 SMOLLM2_VERSION := 0.1.2
 
-# Not under _build: nbmake refuses to collect notebooks below a folder named _build.
+# The executed chapters and the site built from them (not under _build, which the book build owns).
 SCRATCH := _scratch
 
-.PHONY: book test test-lower setup clean
+.PHONY: book test test-lower setup clean student
 
 setup: $(INSTALLED) $(VENDORED)
 
@@ -59,22 +60,33 @@ book: setup
 # Tests run in parallel (pytest-xdist), one worker per core up to four, each with one torch
 # thread: a decode step barely uses a second thread (on the 2-core CI machine, 48 greedy tokens
 # took 3.4 s with two threads and 4.3 s with one), while two one-thread processes run side by side
-# at nearly full speed each. The chapters come first and are handed out one or two at a time
-# (--maxschedchunk=1; by default the first worker would get them all in its first chunk), so the
-# long notebooks start at once on every worker and the short tests fill in at the end. The book
-# is built in a second call, once every chapter has run (test_book.py checks that each executed
-# copy is newer than the start of the first call).
+# at nearly full speed each. The chapters come first (tests/conftest.py orders them, longest
+# first) and are handed out one at a time (--maxschedchunk=1; by default the first worker would
+# get them all in its first chunk), so the long notebooks start at once on every worker and the
+# short tests fill in at the end. The book is built in a second call, once every chapter has run
+# (test_book.py checks that each executed copy is newer than the start of the first call).
 PARALLEL := -n auto --maxprocesses=4 --maxschedchunk=1
 ONE_THREAD := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 test: setup
 	rm -rf $(SCRATCH) && mkdir -p $(SCRATCH)/chapters
-	cp chapters/*.ipynb $(SCRATCH)/chapters/
 	start=$$(date +%s.%N) && \
-	$(ONE_THREAD) $(PY) -m pytest $(SCRATCH)/chapters tests --ignore=tests/test_book.py \
-		--ignore=tests/test_site_in_browser.py --nbmake --overwrite --nbmake-timeout=600 $(PARALLEL) --durations=30 && \
+	$(ONE_THREAD) LOGITLAB_EXECUTED_DIR=$(CURDIR)/$(SCRATCH)/chapters $(PY) -m pytest tests --ignore=tests/test_book.py \
+		--ignore=tests/test_site_in_browser.py $(PARALLEL) --durations=30 && \
 	LOGITLAB_EXECUTED_SINCE=$$start $(PY) -m pytest -rs tests/test_book.py tests/test_site_in_browser.py
 	$(MAKE) --no-print-directory test-lower
+
+# The student edition: the repository of _config.yml written into every chapter's setup cell
+# and student/chapters/ written (committed: each chapter's Colab button in the student
+# edition opens it; tests/test_notebooks.py fails when it is stale), then the chapters executed
+# with and without each solution (tests/test_chapters.py), then the student edition of the
+# website built from them into _scratch/student-site/_build/html, solutions removed.
+student: setup
+	$(PY) -m logitlab.course
+	rm -rf $(SCRATCH)/chapters && mkdir -p $(SCRATCH)/chapters
+	$(ONE_THREAD) LOGITLAB_EXECUTED_DIR=$(CURDIR)/$(SCRATCH)/chapters $(PY) -m pytest -q tests/test_chapters.py \
+		-k runs_with_and_without $(PARALLEL)
+	$(PY) -m logitlab.website $(SCRATCH)/chapters $(SCRATCH)/student-site --student
 
 # The lower bounds of pyproject.toml, checked: .venv-lower holds the lowest version of every
 # dependency it allows (each ">=X" of its `dependencies` becomes "==X", wheels only), except
@@ -98,7 +110,7 @@ $(LOWER_INSTALLED): pyproject.toml requirements.txt
 	$(LOWER_PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
-# Only the library's tests: the chapters, the student versions and the book (and the browser) need jupyter-book.
+# Only the library's tests: the chapters, the student versions and the book (and the browser) need jupyter-book and nbclient.
 # Tests marked slow (benchmark rows, long statistical runs; over ~15 s each) are left out to keep
 # this at about 5 minutes on 2 cores. One test is left out because its oracle, not the library, differs:
 # transformers 4.56's RepetitionPenaltyLogitsProcessor raises on ids outside the vocabulary,
@@ -107,8 +119,8 @@ $(LOWER_INSTALLED): pyproject.toml requirements.txt
 # (its tokenizer class is unknown to 4, and the rope base in its config.json is read as 10000).
 test-lower: $(LOWER_INSTALLED)
 	$(ONE_THREAD) LOGITLAB_CACHE=$(CURDIR)/$(LOWER_VENV)/cache $(LOWER_PY) -m pytest tests -m "not slow" $(PARALLEL) \
-		--ignore=tests/test_book.py --ignore=tests/test_site_in_browser.py --ignore=tests/test_notebooks.py \
+		--ignore=tests/test_book.py --ignore=tests/test_site_in_browser.py --ignore=tests/test_notebooks.py --ignore=tests/test_chapters.py --ignore=tests/test_course.py \
 		--ignore=tests/test_assignments.py --deselect tests/test_processors.py::test_penalties_ignore_ids_outside_the_vocabulary
 
 clean:
-	rm -rf _build _scratch student $(LOWER_VENV)
+	rm -rf _build _scratch $(LOWER_VENV)

@@ -12,7 +12,19 @@ def pytest_configure(config):
     )
 
 
+# The chapters that take longest on the 2-core CPU, run first so that they do not end the run.
+LONGEST_CHAPTERS = ["02_", "04_", "07_", "06_", "09_", "08_", "03_", "05_"]
+
+
 def pytest_collection_modifyitems(session, config, items):
-    """Build the book last, and open it in a browser after that: the book renders the chapters
-    that nbmake has executed in this run."""
-    items.sort(key=lambda item: ("test_book.py" in str(item.fspath)) + 2 * ("test_site_in_browser.py" in str(item.fspath)))
+    """Run the chapters first, the longest first; build the book last, and open it in a browser
+    after that: the book renders the chapters that tests/test_chapters.py executed in this run."""
+
+    def order(item):
+        path = str(item.fspath)
+        if path.endswith("test_chapters.py") and "runs_with_and_without" in item.name:
+            rank = next((i for i, c in enumerate(LONGEST_CHAPTERS) if f"[{c}" in item.name), len(LONGEST_CHAPTERS))
+            return (0, rank)
+        return (1 + ("test_book.py" in path) + 2 * ("test_site_in_browser.py" in path), 0)
+
+    items.sort(key=order)

@@ -1,7 +1,7 @@
 """The book builds with warnings as errors, from chapters executed once.
 
-`make test` copies the chapters to _scratch/chapters and nbmake executes them there
-(``--overwrite`` keeps the outputs), in parallel with the library's tests; then, in a second
+`make test` executes the chapters into _scratch/chapters (tests/test_chapters.py, with
+``LOGITLAB_EXECUTED_DIR``), in parallel with the library's tests; then, in a second
 pytest call, this test builds the site from those executed copies with execution turned off, so
 each chapter runs once per test run. The Makefile says when the first call started
 (``LOGITLAB_EXECUTED_SINCE``, seconds since the epoch), and every copy must have been executed
@@ -11,9 +11,6 @@ Run on its own (no fresh executed copies), it lets the build execute the chapter
 
 import os
 import re
-import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,9 +18,12 @@ import nbformat
 import pytest
 import yaml
 
+from logitlab import website
+
 ROOT = Path(__file__).resolve().parents[1]
 EXECUTED = ROOT / "_scratch" / "chapters"
 SITE = ROOT / "_scratch" / "site"
+STUDENT_SITE = ROOT / "_scratch" / "student-site"
 SINCE = float(os.environ.get("LOGITLAB_EXECUTED_SINCE") or time.time())
 
 
@@ -41,20 +41,17 @@ def built_site():
     chapters = sorted((ROOT / "chapters").glob("*.ipynb"))
     reuse = all(executed_this_run(c) for c in chapters)
     if os.environ.get("LOGITLAB_EXECUTED_SINCE"):  # set by `make test`
-        assert reuse, f"nbmake did not execute the chapters into {EXECUTED}"
-    if SITE.exists():
-        shutil.rmtree(SITE)
-    SITE.mkdir(parents=True)
-    shutil.copytree(ROOT / "book", SITE / "book", ignore=shutil.ignore_patterns("vendor"))
-    (SITE / "book" / "vendor").symlink_to(ROOT / "book" / "vendor", target_is_directory=True)
-    shutil.copy(ROOT / "_toc.yml", SITE / "_toc.yml")
-    shutil.copytree(EXECUTED if reuse else ROOT / "chapters", SITE / "chapters")
-    config = yaml.safe_load((ROOT / "_config.yml").read_text())
-    config["execute"]["execute_notebooks"] = "off" if reuse else "force"
-    (SITE / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
-    jb = Path(sys.executable).with_name("jupyter-book")
-    result = subprocess.run([str(jb), "build", str(SITE), "-W", "-n", "--keep-going"], capture_output=True, text=True)
-    return result, SITE / "_build" / "html", reuse
+        assert reuse, f"tests/test_chapters.py did not execute the chapters into {EXECUTED}"
+    out = website.assemble(EXECUTED if reuse else ROOT / "chapters", SITE, execute=not reuse)
+    return website.build(out), out / "_build" / "html", reuse
+
+
+@pytest.fixture(scope="module")
+def student_site(built_site):
+    if not built_site[2]:
+        pytest.skip("the student edition is built from the chapters executed by `make test`")
+    out = website.assemble(EXECUTED, STUDENT_SITE, student=True)
+    return website.build(out), out / "_build" / "html"
 
 
 def test_book_builds_with_warnings_as_errors(built_site):
@@ -88,3 +85,16 @@ def test_widget_state_is_embedded(built_site):
     page = (html / "chapters" / "01_logits_and_temperature.html").read_text()
     assert "application/vnd.jupyter.widget-state+json" in page
     assert "widgets/embed-amd.js" in page and "require.js" in page
+
+
+def test_student_edition_builds_without_a_solution(student_site):
+    result, html = student_site
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"].removeprefix("https://github.com/")
+    for chapter in sorted((ROOT / "chapters").glob("*.ipynb")):
+        page = (html / "chapters" / f"{chapter.stem}.html").read_text()
+        assert "solution dropdown admonition" not in page and "BEGIN SOLUTION" not in page, chapter.name
+        assert "NotImplementedError" in page, f"{chapter.name}: no exercise left for the student"
+        assert len(re.findall(r"<img [^>]*src=\"[^\"]*\.png\"", page)) >= 3, f"{chapter.name}: the figures are gone"
+        assert f"colab.research.google.com/github/{url}/blob/main/student/chapters/{chapter.name}" in page
+    assert "student edition" in (html / "book" / "teaching.html").read_text()

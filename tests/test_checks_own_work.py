@@ -29,6 +29,7 @@ SHORT_CUTS = {
     "check_tree_positions": lambda parents, offset: ll.tree.tree_position_ids(parents, offset),
     "check_verify": lambda d, q, p, generator: ll.speculative.verify(d[None], q[None], p[None], generator),
     "check_expected_tokens": lambda alpha, gamma: ll.speculative.expected_tokens(alpha, gamma),
+    "check_match_probability": lambda p: ll.typical_acceptance.match_probability(p),
     "check_typical_accept": lambda d, p, eps, delta: ll.typical_acceptance.typical_accept(d[None], p[None], eps, delta)[0],
     "check_training_layout": lambda length, starts, k: training_layout(length, starts, k),
     "check_single_call_layout": lambda drafts, groups: single_call_layout(drafts, groups),

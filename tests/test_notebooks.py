@@ -1,7 +1,7 @@
 """The chapters as files: committed without outputs, set up for Colab, and their student versions.
 
-The chapters themselves are executed by nbmake (see the Makefile) and the book is built from
-those executed copies by test_book.py.
+The chapters themselves are executed by test_chapters.py (each exercise without its solution,
+then with it) and the book is built from those executed copies by test_book.py.
 """
 
 import json
@@ -64,25 +64,32 @@ def test_chapter_has_exercises_with_solutions_and_checks(path):
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
-def test_student_version_runs_like_the_chapter_until_its_first_exercise(path):
-    """The student version runs the chapter's own code up to its first exercise, and stops there.
-
-    Checked as text, not by executing it again (that took 7 minutes of every `make test`): nbmake
-    executes the chapter, the code cells before the first exercise are the chapter's cells
-    unchanged, and the first exercise is the chapter's cell with its answer replaced by the
-    placeholder, followed by the check that calls it. That a placeholder under a check stops a
-    notebook with NotImplementedError in that cell is executed in test_assignments.py."""
+def test_student_version_is_the_chapter_with_each_solution_taken_out(path):
+    """The student version's code is the chapter's, cell for cell, with each solution replaced by
+    the placeholder and the cells tagged ``solution`` left out: copying the solutions back in
+    gives the chapter that test_chapters.py executes, and each placeholder sits where that test
+    runs the student's version of the cell. Every exercise ends with the check that calls it."""
     chapter = nbformat.read(path, as_version=4)
     student = make_student_notebook(chapter)
     text = "\n".join(c.source for c in student.cells)
     assert "# BEGIN SOLUTION" not in text and "{solution}" not in text
+    kept = [c.source for c in chapter.cells if c.cell_type == "code" and "solution" not in c.metadata.get("tags", [])]
+    assert [c.source for c in student.cells if c.cell_type == "code"] == [strip_code_solutions(s)[0] for s in kept]
+    for source in (c.source for c in student.cells if PLACEHOLDER in c.source):
+        assert "ll.checks.check_" in source.split(PLACEHOLDER)[-1], "an exercise must end with its check call"
 
-    def code(nb):
-        return [c.source for c in nb.cells if c.cell_type == "code"]
 
-    ours, theirs = code(chapter), code(student)
-    first = next(i for i, source in enumerate(theirs) if PLACEHOLDER in source)
-    assert theirs[:first] == ours[:first], "a cell before the first exercise differs from the chapter's"
-    stub, _ = strip_code_solutions(ours[first])
-    assert theirs[first] == stub
-    assert "ll.checks.check_" in stub.split(PLACEHOLDER)[-1], "the first exercise must end with its check call"
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
+def test_committed_student_version_is_current(path):
+    """student/chapters/ is committed (the student edition's Colab buttons open it): it must be
+    what `make student` writes from the chapter now."""
+    committed = ROOT / "student" / "chapters" / path.name
+    assert committed.is_file(), f"{committed} is missing: run `make student`"
+    expected = make_student_notebook(nbformat.read(path, as_version=4))
+    assert nbformat.read(committed, as_version=4) == expected, f"{committed} is stale: run `make student`"
+
+
+def test_no_student_version_without_its_chapter():
+    names = {p.name for p in CHAPTERS}
+    extra = [p.name for p in (ROOT / "student" / "chapters").glob("*.ipynb") if p.name not in names]
+    assert not extra, f"student/chapters/ holds notebooks of no chapter: {extra}"

@@ -112,3 +112,10 @@ def test_output_distance_refuses_a_vocabulary_too_large_to_enumerate():
     big = ll.toy_model(vocab_size=50, order=2, seed=0)
     with pytest.raises(ValueError, match="vocab_size"):
         output_distance(big, ll.drafters.DraftModelDrafter(big), TypicalAcceptance(), length=3)
+
+
+def test_match_probability_is_the_collision_probability():
+    p = torch.tensor([[0.5, 0.3, 0.2], [1.0, 0.0, 0.0]])
+    assert torch.allclose(ll.typical_acceptance.match_probability(p), torch.tensor([0.38, 1.0]))
+    with pytest.raises(ValueError, match="p"):
+        ll.typical_acceptance.match_probability(torch.tensor([0.5, 0.6]))

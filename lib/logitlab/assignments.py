@@ -28,7 +28,9 @@ chapters as follows.
   cell, is removed with every cell in between. ``{exercise}`` directives are kept.
 * **Code cells tagged** ``solution`` (cell metadata ``tags``) are removed.
 
-Every output and execution count is cleared, and a short note for the student comes first.
+Every output and execution count is cleared (``keep_outputs=True`` clears only those of the
+cells the conversion changed: the student edition of the website keeps the chapters' figures),
+and a short note for the student comes first.
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ def strip_solution_directives(source: str, where: str = "cell") -> tuple[str, in
     return ("\n".join(kept).rstrip() if count else source), count
 
 
-def _convert(nb: nbformat.NotebookNode) -> tuple[nbformat.NotebookNode, Removed]:
+def _convert(nb: nbformat.NotebookNode, keep_outputs: bool = False) -> tuple[nbformat.NotebookNode, Removed]:
     student, removed = copy.deepcopy(nb), Removed()
     cells, gate_start = [], None
     for index, cell in enumerate(student.cells):
@@ -137,7 +139,8 @@ def _convert(nb: nbformat.NotebookNode) -> tuple[nbformat.NotebookNode, Removed]
             removed.solution_cells += 1
         elif cell.cell_type == "code":
             cell.source, count = strip_code_solutions(_source(cell), where)
-            cell.outputs, cell.execution_count = [], None
+            if count or not keep_outputs:
+                cell.outputs, cell.execution_count = [], None
             removed.code_solutions += count
             cells.append(cell)
         elif cell.cell_type == "markdown":
@@ -152,13 +155,16 @@ def _convert(nb: nbformat.NotebookNode) -> tuple[nbformat.NotebookNode, Removed]
     note = nbformat.v4.new_markdown_cell(STUDENT_NOTE)
     if (student.nbformat, student.nbformat_minor) < (4, 5):
         note.pop("id", None)  # cell ids exist from nbformat 4.5 on
+    else:
+        note.id = "student-note"  # not a random one: the same chapter gives the same student file
     student.cells = [note] + cells
     return student, removed
 
 
-def make_student_notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """Return the student version of ``nb`` (``nb`` itself is not changed)."""
-    return _convert(nb)[0]
+def make_student_notebook(nb: nbformat.NotebookNode, keep_outputs: bool = False) -> nbformat.NotebookNode:
+    """Return the student version of ``nb`` (``nb`` itself is not changed); ``keep_outputs`` keeps
+    the outputs of the cells it leaves unchanged."""
+    return _convert(nb, keep_outputs)[0]
 
 
 def _notebooks(inputs) -> list[Path]:

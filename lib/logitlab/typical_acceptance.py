@@ -44,6 +44,14 @@ def _check_epsilon_delta(epsilon, delta):
     return float(epsilon), float(delta)
 
 
+def match_probability(p: torch.Tensor) -> torch.Tensor:
+    """The probability that two independent draws from ``p`` ``[..., V]`` are the same token,
+    ``sum_v p(v)^2`` (``[...]``): how often *exact matching* (a draft sampled from ``p`` kept
+    only when the target's own sample equals it) keeps a perfect drafter's token."""
+    check_probs(p, "p")
+    return (p * p).sum(dim=-1)
+
+
 def typical_threshold(p: torch.Tensor, epsilon: float, delta: float) -> torch.Tensor:
     """The bar a draft must clear at each position: ``min(epsilon, delta * exp(-H(p)))``.
 

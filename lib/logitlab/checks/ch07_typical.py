@@ -7,6 +7,7 @@ import torch
 from .common import CheckFailed, asks_for, call
 
 
+@asks_for("logitlab.typical_acceptance.match_probability")
 def check_match_probability(fn) -> None:
     """Check ``fn(p) -> [...]``: the probability that two independent draws from ``p`` ``[..., V]``
     are the same token (chapter 7)."""

@@ -1,0 +1,115 @@
+"""Every chapter executed, as the book shows it and as a student meets it.
+
+One kernel per chapter runs its code cells in order. At each exercise (a code cell holding a
+``# BEGIN SOLUTION`` region) the student's version of the cell runs first, the solution replaced
+by the placeholder: it must stop with ``NotImplementedError`` in that cell and nowhere else, which
+is the exercise's check refusing an unwritten answer. Then the chapter's own cell, with the
+solution, runs and its check must pass. Every other cell must run without an error. So each
+exercise is checked with its solution missing and present, in the state the notebook has reached
+there, and the chapter runs to its end with every solution present. The executed chapter (the
+outputs of the solutions) is written to ``$LOGITLAB_EXECUTED_DIR`` when it is set (``make test``
+builds the book from it), else to a temporary folder.
+
+A student's copy with a solution missing must also run to its end outside that exercise: no later
+cell may use a name that the exercise cell, or a cell removed from the student's copy, defines.
+``test_no_cell_depends_on_a_solution`` checks that by reading the code, which is what makes the
+run above stand for every student copy with any set of solutions missing."""
+
+import ast
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from logitlab.assignments import BEGIN, strip_code_solutions
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
+CELL_TIMEOUT = 600  # seconds; a chapter takes 30 s to 2 min on the 2-core CPU
+
+
+def is_exercise(cell) -> bool:
+    return cell.cell_type == "code" and BEGIN in cell.source
+
+
+def is_removed(cell) -> bool:  # a code cell the student's copy leaves out
+    return cell.cell_type == "code" and "solution" in cell.get("metadata", {}).get("tags", [])
+
+
+def errors(cell) -> list:
+    return [o for o in cell.get("outputs", []) if o.output_type == "error"]
+
+
+def execute(path: Path, out_dir: Path) -> list[str]:
+    """Run chapter ``path`` in ``out_dir`` as the module docstring says; write the executed copy
+    there and return what went wrong, one line per problem."""
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3", allow_errors=True,
+                            resources={"metadata": {"path": str(out_dir)}})
+    problems = []
+    with client.setup_kernel():
+        info = client.wait_for_reply(client.kc.kernel_info())
+        nb.metadata["language_info"] = info["content"]["language_info"]
+        for index, cell in enumerate(nb.cells):
+            if cell.cell_type != "code":
+                continue
+            if is_exercise(cell):
+                student = nbformat.v4.new_code_cell(strip_code_solutions(cell.source)[0])
+                client.execute_cell(student, index)
+                found = [f"{e.ename}: {e.evalue}" for e in errors(student)]
+                if [e.ename for e in errors(student)] != ["NotImplementedError"]:
+                    problems.append(f"cell {index}, the student's version: expected NotImplementedError, got {found}")
+            client.execute_cell(cell, index)
+            for e in errors(cell):
+                problems.append(f"cell {index}: {e.ename}: {e.evalue.splitlines()[0] if e.evalue else ''}")
+    nbformat.write(nb, out_dir / path.name)
+    return problems
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
+def test_chapter_runs_with_and_without_each_solution(path, tmp_path):
+    out_dir = Path(os.environ.get("LOGITLAB_EXECUTED_DIR", tmp_path))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    problems = execute(path, out_dir)
+    assert not problems, f"{path.name}:\n" + "\n".join(problems)
+
+
+def top_level_names(source: str) -> set[str]:
+    """Names a cell binds at its top level (functions, classes, assignments, imports)."""
+    names = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.For, ast.With)):
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            targets += [item.optional_vars for item in getattr(node, "items", [])]
+            names.update(n.id for t in targets if t is not None for n in ast.walk(t) if isinstance(n, ast.Name))
+    return names
+
+
+def names(source: str, context) -> set[str]:
+    return {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name) and isinstance(n.ctx, context)}
+
+
+def code_without_magics(cell) -> str:
+    return "\n".join(line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!")))
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
+def test_no_cell_depends_on_a_solution(path):
+    cells = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+    for index, cell in enumerate(cells):
+        if not (is_exercise(cell) or is_removed(cell)):
+            continue
+        defined = top_level_names(code_without_magics(cell))
+        for later in cells[index + 1:]:
+            code = code_without_magics(later)
+            rebound = top_level_names(code) | names(code, ast.Store)  # bound anywhere in it: not the exercise's
+            used = names(code, ast.Load) & defined - rebound
+            assert not used, (f"{path.name}: a later cell uses {sorted(used)}, defined by an exercise or solution cell; "
+                              f"a student's copy without that solution would fail there:\n{later.source[:300]}")
+            defined -= rebound  # a name bound again later no longer comes from the exercise

@@ -1,0 +1,41 @@
+"""A course from a fork: the repository URL of _config.yml is the one setting, `python -m
+logitlab.course` carries it into every chapter's setup cell, and nothing else names it."""
+
+import shutil
+import subprocess
+
+import nbformat
+import pytest
+
+from logitlab.course import ROOT, point_chapters_at, repository
+
+FORK = "https://github.com/a-teacher/decoding-course"
+
+
+def test_a_fork_url_reaches_every_setup_cell_and_nothing_else(tmp_path):
+    shutil.copytree(ROOT / "chapters", tmp_path / "chapters")
+    changed = point_chapters_at(FORK, tmp_path / "chapters")
+    assert len(changed) == len(list((ROOT / "chapters").glob("*.ipynb")))
+    for path in changed:
+        ours, theirs = (nbformat.read(p, as_version=4) for p in (ROOT / "chapters" / path.name, path))
+        assert f'REPO = "{FORK}"' in theirs.cells[[c.cell_type for c in theirs.cells].index("code")].source
+        differ = [i for i, (a, b) in enumerate(zip(ours.cells, theirs.cells)) if a.source != b.source]
+        assert len(differ) == 1, f"{path.name}: cells {differ} changed, only the setup cell should"
+        assert ours.cells[differ[0]].source.replace(repository(), FORK) == theirs.cells[differ[0]].source
+    assert point_chapters_at(FORK, tmp_path / "chapters") == []  # a second run changes nothing
+
+
+@pytest.mark.parametrize("url", ["github.com/a/b", "https://github.com/a", "https://github.com/a/b\"; import os"])
+def test_a_malformed_repository_url_is_refused(url, tmp_path):
+    with pytest.raises(ValueError, match="repository URL"):
+        point_chapters_at(url, tmp_path)
+
+
+def test_only_the_setting_and_what_follows_it_name_the_repository():
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: the tracked files are unknown")
+    name = repository().removeprefix("https://github.com/")
+    found = subprocess.run(["git", "grep", "-l", "-F", name], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    allowed = {"_config.yml"} | {f"chapters/{p.name}" for p in (ROOT / "chapters").glob("*.ipynb")} \
+        | {f"student/chapters/{p.name}" for p in (ROOT / "chapters").glob("*.ipynb")}
+    assert set(found) <= allowed, f"these files name the repository; take it from _config.yml: {sorted(set(found) - allowed)}"
