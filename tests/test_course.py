@@ -1,13 +1,14 @@
 """A course from a fork: the repository URL of _config.yml is the one setting, `python -m
 logitlab.course` carries it into every chapter's setup cell, and nothing else names it."""
 
+import re
 import shutil
 import subprocess
 
 import nbformat
 import pytest
 
-from logitlab.course import ROOT, point_chapters_at, repository
+from logitlab.course import GUIDE_PAGE, ROOT, exercises, point_chapters_at, repository, teachers_guide
 
 FORK = "https://github.com/a-teacher/decoding-course"
 
@@ -39,3 +40,33 @@ def test_only_the_setting_and_what_follows_it_name_the_repository():
     allowed = {"_config.yml"} | {f"chapters/{p.name}" for p in (ROOT / "chapters").glob("*.ipynb")} \
         | {f"student/chapters/{p.name}" for p in (ROOT / "chapters").glob("*.ipynb")}
     assert set(found) <= allowed, f"these files name the repository; take it from _config.yml: {sorted(set(found) - allowed)}"
+
+
+def chapter_exercises(path):
+    """(label, title, check or None) of every exercise of a chapter, in order, read from its cells."""
+    found = []
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type == "markdown":
+            for title, label in re.findall(r"^:::\{exercise\}[ \t]*(.*)\n:label: ([\w-]+)", cell.source, re.M):
+                found.append([label, title.strip(), None])
+        elif (check := re.search(r"\bll\.checks\.(check_\w+)\(", cell.source)) and found:
+            found[-1][2] = check.group(1)
+    return [tuple(e) for e in found]
+
+
+def test_the_guide_covers_every_exercise_as_the_chapters_have_it():
+    data = exercises()
+    assert list(data) == [p.stem for p in sorted((ROOT / "chapters").glob("*.ipynb"))]
+    for name, chapter in data.items():
+        ours = [(e["label"], e["title"], e.get("check")) for e in chapter["exercises"]]
+        assert ours == chapter_exercises(ROOT / "chapters" / f"{name}.ipynb"), name
+        assert chapter["objectives"] and chapter["prerequisites"], name
+        for e in chapter["exercises"]:
+            assert e["kind"] == ("code" if e.get("check") else "written"), e["label"]
+            assert e["minutes"] > 0 and e["points"] > 0 and e["difficulty"] in (1, 2, 3), e["label"]
+            if e["kind"] == "written":
+                assert set(e["rubric"]) == {"full", "partial", "missing"}, f"{e['label']}: a rubric needs all three"
+
+
+def test_the_guide_page_is_current():
+    assert GUIDE_PAGE.read_text() == teachers_guide(exercises()), "run `python -m logitlab.course` (make student)"

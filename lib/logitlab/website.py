@@ -30,7 +30,7 @@ import yaml
 
 from .assignments import make_student_notebook
 from .course import ROOT
-TEACHER_PAGES = ["book/teaching"]
+TEACHER_PAGES = ["book/teaching", "book/teachers_guide"]
 STUDENT_NOTE = """# For teachers
 
 This is the **student edition** of the book: the exercises are here, their solutions are not.
