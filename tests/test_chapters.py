@@ -48,7 +48,7 @@ def execute(path: Path, out_dir: Path) -> list[str]:
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3", allow_errors=True,
                             resources={"metadata": {"path": str(out_dir)}})
-    problems = []
+    problems, number = [], 0  # number: the chapter's own cells, as Jupyter would count them
     with client.setup_kernel():
         info = client.wait_for_reply(client.kc.kernel_info())
         nb.metadata["language_info"] = info["content"]["language_info"]
@@ -57,13 +57,15 @@ def execute(path: Path, out_dir: Path) -> list[str]:
                 continue
             if is_exercise(cell):
                 student = nbformat.v4.new_code_cell(strip_code_solutions(cell.source)[0])
-                client.execute_cell(student, index)
+                client.execute_cell(student, index, store_history=False)
                 found = [f"{e.ename}: {e.evalue}" for e in errors(student)]
                 if [e.ename for e in errors(student)] != ["NotImplementedError"]:
                     problems.append(f"cell {index}, the student's version: expected NotImplementedError, got {found}")
-            client.execute_cell(cell, index)
+            number += 1
+            client.execute_cell(cell, index, execution_count=number)
             for e in errors(cell):
                 problems.append(f"cell {index}: {e.ename}: {e.evalue.splitlines()[0] if e.evalue else ''}")
+        client.set_widgets_metadata()  # the widgets' state, which the website embeds (as nbclient's execute does)
     nbformat.write(nb, out_dir / path.name)
     return problems
 
