@@ -98,3 +98,4 @@ def test_student_edition_builds_without_a_solution(student_site):
         assert len(re.findall(r"<img [^>]*src=\"[^\"]*\.png\"", page)) >= 3, f"{chapter.name}: the figures are gone"
         assert f"colab.research.google.com/github/{url}/blob/main/student/chapters/{chapter.name}" in page
     assert "student edition" in (html / "book" / "teaching.html").read_text()
+    assert not (html / "book" / "teachers_guide.html").exists(), "the rubrics are answers: not in the student edition"

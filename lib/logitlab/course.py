@@ -70,11 +70,12 @@ def _chapter_section(number: int, name: str, chapter: dict) -> list[str]:
     lines += ["| exercise | kind | minutes | difficulty | points |", "|:---|:---|---:|:---|---:|"]
     for e in chapter["exercises"]:
         kind = f"code (`ll.checks.{e['check']}`)" if e["kind"] == "code" else "written"
-        lines.append(f"| {{ref}}`{e['label']}` | {kind} | {e['minutes']} | {DIFFICULTY[e['difficulty']]} | {e['points']} |")
+        lines.append(f"| {{ref}}`{e['title']} <{e['label']}>` | {kind} | {e['minutes']} | {DIFFICULTY[e['difficulty']]} "
+                     f"| {e['points']} |")
     total = chapter["exercises"]
     lines += [f"| all {len(total)} | | {sum(e['minutes'] for e in total)} | | {sum(e['points'] for e in total)} |", ""]
     for e in (e for e in total if "rubric" in e):
-        lines += [f"**{e['title']}** ({{ref}}`{e['label']}`, {e['points']} points)", ""]
+        lines += [f"**{{ref}}`{e['title']} <{e['label']}>`** ({e['points']} points)", ""]
         lines += [f"- *{grade}:* {' '.join(e['rubric'][grade].split())}" for grade in ("full", "partial", "missing")]
         lines.append("")
     return lines

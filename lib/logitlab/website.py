@@ -14,7 +14,8 @@ The site is assembled in ``OUT`` from the repository's ``book/``, ``_toc.yml`` a
   the conversion left unchanged, so the figures and tables stay and the exercises' outputs go;
 * each chapter's Colab button opens the committed student notebook (``student/chapters/``) of the
   repository that ``_config.yml`` names, not the chapter with its answers;
-* the teacher's pages are replaced by a short note, so links to them still resolve.
+* the teaching page is replaced by a short note, so links to it still resolve, and the teacher's
+  guide (its rubrics are answers) is left out.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ import yaml
 
 from .assignments import make_student_notebook
 from .course import ROOT
-TEACHER_PAGES = ["book/teaching", "book/teachers_guide"]
+TEACHER_PAGE = "book/teaching"  # replaced by a note in the student edition
+ANSWER_PAGES = ["book/teachers_guide"]  # left out of the student edition (its rubrics are answers)
 STUDENT_NOTE = """# For teachers
 
 This is the **student edition** of the book: the exercises are here, their solutions are not.
@@ -61,8 +63,12 @@ def assemble(executed: Path, out: Path, *, student: bool = False, execute: bool 
             raise ValueError("the student edition is built from executed chapters (its exercises cannot run)")
         config["title"] = f"{config['title']} (student edition)"
         config["repository"]["path_to_book"] = "student"  # the Colab button opens student/chapters/
-        for page in TEACHER_PAGES:
-            (out / f"{page}.md").write_text(STUDENT_NOTE)
+        (out / f"{TEACHER_PAGE}.md").write_text(STUDENT_NOTE)
+        toc = (out / "_toc.yml").read_text()
+        for page in ANSWER_PAGES:
+            (out / f"{page}.md").unlink()
+            toc = toc.replace(f"      - file: {page}\n", "")
+        (out / "_toc.yml").write_text(toc)
     (out / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     return out
 
