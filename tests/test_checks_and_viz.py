@@ -33,7 +33,7 @@ def gumbel_answer(logits, generator=None):
 
 def test_check_softmax_accepts_the_reference(capsys):
     check_softmax(softmax_answer)
-    assert "all 12 cases passed" in capsys.readouterr().out
+    assert "all 14 cases passed" in capsys.readouterr().out
 
 
 def naive_softmax(logits, temperature=1.0):
@@ -54,12 +54,28 @@ def in_place(logits, temperature=1.0):
     return softmax_answer(logits, temperature)
 
 
+def global_maximum(logits, temperature=1.0):
+    if temperature == 0:
+        return softmax_answer(logits, 0.0)
+    scaled = logits / temperature
+    e = torch.exp(scaled - scaled.max())  # the maximum of the whole tensor, not of each row
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+def greedy_along_dim_1(logits, temperature=1.0):
+    if temperature == 0:  # the one-hot placed along dim 1: fails on a single row
+        return torch.zeros_like(logits).scatter(1, logits.argmax(dim=1, keepdim=True), 1.0)
+    return softmax_answer(logits, temperature)
+
+
 @pytest.mark.parametrize(
     "fn, message",
     [
-        (naive_softmax, "Case 5 of 12 \\(very large logits\\).*subtract the row maximum"),
-        (no_temperature, "Case 3 of 12 \\(temperature 0.5\\)"),
-        (wrong_dim, "Case 1 of 12 \\(a small row\\).*returned \\[\\[1.0, 1.0, 1.0\\]\\]"),
+        (global_maximum, "Case 13 of 14 \\(rows of very different sizes\\).*each row's own maximum"),
+        (greedy_along_dim_1, "Case 14 of 14 \\(temperature 0 on one row without a batch dimension\\).*raised"),
+        (naive_softmax, "Case 5 of 14 \\(very large logits\\).*subtract the row maximum"),
+        (no_temperature, "Case 3 of 14 \\(temperature 0.5\\)"),
+        (wrong_dim, "Case 1 of 14 \\(a small row\\).*returned \\[\\[1.0, 1.0, 1.0\\]\\]"),
         (in_place, "changed the logits"),
         (lambda logits, temperature: logits.tolist(), "returned a list"),
         (lambda logits, temperature: 1 / 0, "raised ZeroDivisionError"),
@@ -82,7 +98,7 @@ def test_unwritten_exercise_raises_not_implemented_unchanged():
 
 def test_check_gumbel_max_accepts_the_reference(capsys):
     check_gumbel_max(gumbel_answer)
-    assert "all 4 cases passed" in capsys.readouterr().out
+    assert "all 5 cases passed" in capsys.readouterr().out
 
 
 def exponential_noise(logits, generator):
@@ -98,13 +114,20 @@ def picks_impossible(logits, generator):
     return gumbel_answer(torch.nan_to_num(logits, neginf=-2.0), generator=generator)
 
 
+def adds_noise_in_place(logits, generator):
+    u = torch.rand(logits.shape, generator=generator).clamp_min(1e-20)
+    logits -= torch.log(-torch.log(u))  # logits += gumbel: changes the caller's logits
+    return logits.argmax(dim=-1)
+
+
 @pytest.mark.parametrize(
     "fn, message",
     [
-        (exponential_noise, "Case 4 of 4 \\(the distribution\\)"),
+        (adds_noise_in_place, "Case 5 of 5 \\(the logits left as they were\\).*changed the logits"),
+        (exponential_noise, "Case 4 of 5 \\(the distribution\\)"),
         (ignores_generator, "same seed gave different tokens"),
         (picks_impossible, "-inf was drawn"),
-        (lambda logits, generator: ll.greedy(logits), "Case 4 of 4"),
+        (lambda logits, generator: ll.greedy(logits), "Case 4 of 5"),
         (lambda logits, generator: gumbel_answer(logits, generator=generator).int(), "dtype long"),
     ],
 )

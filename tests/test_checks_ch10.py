@@ -58,7 +58,7 @@ def fewest_tokens(moves, accepting, backwards=True):
 
 def test_check_fewest_tokens(capsys):
     ll.checks.check_fewest_tokens(fewest_tokens)
-    assert "check_fewest_tokens: all 6 cases passed" in capsys.readouterr().out
+    assert "check_fewest_tokens: all 7 cases passed" in capsys.readouterr().out
     with pytest.raises(CheckFailed, match="Work backwards"):
         ll.checks.check_fewest_tokens(lambda m, a: fewest_tokens(m, a, backwards=False))
     with pytest.raises(CheckFailed, match="Work backwards"):  # infinity where None is expected is accepted,
@@ -68,3 +68,23 @@ def test_check_fewest_tokens(capsys):
     ll.checks.check_fewest_tokens(lambda m, a: [d if d is not None else float("inf") for d in fewest_tokens(m, a)])
     with pytest.raises(CheckFailed, match="one entry per state"):
         ll.checks.check_fewest_tokens(lambda m, a: fewest_tokens(m, a)[:-1])
+
+
+def test_check_fewest_tokens_starts_from_every_accepting_state():
+    def from_the_first_accepting_state(moves, accepting):
+        into = [[] for _ in moves]
+        for s, targets in enumerate(moves):
+            for t in targets:
+                into[t].append(s)
+        best = [0 if a else None for a in accepting]
+        queue = deque([accepting.index(True)])  # the search starts from one accepting state only
+        while queue:
+            t = queue.popleft()
+            for s in into[t]:
+                if best[s] is None:
+                    best[s] = best[t] + 1
+                    queue.append(s)
+        return best
+
+    with pytest.raises(CheckFailed, match="Case two accepting states, each with its own way in.*state 2 differs"):
+        ll.checks.check_fewest_tokens(from_the_first_accepting_state)

@@ -93,3 +93,29 @@ def test_check_expected_tokens_accepts_a_right_answer_and_rejects_wrong_ones(cap
     for wrong in wrong_answers:
         with pytest.raises(CheckFailed):
             ll.checks.check_expected_tokens(wrong)
+
+
+def beam_step_best_of_each_row_first(logprobs, beam_scores, num_beams):
+    # keeps the num_beams best extensions of each row, then the best of those: a row has only V
+    values, tokens = (beam_scores[:, None] + logprobs).topk(num_beams, dim=-1)
+    scores, flat = values.flatten().topk(num_beams)
+    return scores, flat // num_beams, tokens.flatten()[flat]
+
+
+def test_check_beam_step_wants_more_beams_than_tokens_to_work():
+    with pytest.raises(CheckFailed, match="Case 7 of 7 \\(more beams to keep than tokens in the vocabulary\\).*raised"):
+        ll.checks.check_beam_step(beam_step_best_of_each_row_first)
+
+
+def verify_one_global_random(draft_tokens, q, p, generator):
+    # right in distribution, but its random numbers come from torch's global generator
+    for i, d in enumerate(draft_tokens.tolist()):
+        if torch.rand(1).item() * q[i, d] >= p[i, d]:
+            residual = (p[i] - q[i]).clamp_min(0)
+            return i, int(torch.multinomial(residual / residual.sum(), 1))
+    return len(draft_tokens), int(torch.multinomial(p[-1], 1))
+
+
+def test_check_verify_wants_every_random_number_from_the_generator():
+    with pytest.raises(CheckFailed, match="The reproducibility case \\(the same seed twice\\).*generator you are given"):
+        ll.checks.check_verify(verify_one_global_random, trials=5000)

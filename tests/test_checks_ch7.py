@@ -45,3 +45,23 @@ def test_check_typical_accept(capsys):
     for wrong in wrong_answers:
         with pytest.raises(CheckFailed):
             ll.checks.check_typical_accept(wrong)
+
+
+def test_check_match_probability_keeps_every_leading_dimension():
+    # a batched dot product squeezed without a dim: a 3-D batch with groups of one row loses a dimension
+    with pytest.raises(CheckFailed, match="Case a three-dimensional batch, one row per group.*expected shape \\(2, 1\\)"):
+        ll.checks.check_match_probability(lambda p: (p[..., None, :] @ p[..., :, None]).squeeze())
+
+
+def test_check_typical_accept_wants_a_strict_test():
+    def at_least_the_bar(draft_tokens, p, epsilon, delta):  # >= where the test is >
+        kept = 0
+        for i, d in enumerate(draft_tokens.tolist()):
+            entropy = -torch.xlogy(p[i], p[i]).sum().item()
+            if p[i, d].item() < min(epsilon, delta * math.exp(-entropy)):
+                break
+            kept += 1
+        return kept
+
+    with pytest.raises(CheckFailed, match="Case a draft exactly at the bar fails.*expected 0 accepted drafts, got 2"):
+        ll.checks.check_typical_accept(at_least_the_bar)

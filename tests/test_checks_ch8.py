@@ -51,3 +51,21 @@ def test_check_single_call_layout(capsys):
     for wrong in wrong_answers:
         with pytest.raises(CheckFailed):
             ll.checks.check_single_call_layout(wrong)
+
+
+def test_check_training_layout_keeps_the_order_of_starts():
+    with pytest.raises(CheckFailed, match="Case starts not in increasing order.*not sorted"):
+        ll.checks.check_training_layout(lambda length, starts, k: training_parents(length, sorted(starts), k))
+
+
+def test_check_single_call_layout_adds_no_node_for_an_empty_group():
+    def first_slot_always(num_drafts, groups):  # appends a group's first slot before looking at its size
+        parents = [-1] + list(range(num_drafts))
+        for j in sorted(groups):
+            parents.append(j)
+            for _ in range(1, groups[j]):
+                parents.append(len(parents) - 1)
+        return parents
+
+    with pytest.raises(CheckFailed, match="Case a prefix with no slots.*expected parents \\[-1, 0, 1, 1, 3\\]"):
+        ll.checks.check_single_call_layout(first_slot_always)

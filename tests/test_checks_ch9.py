@@ -49,7 +49,7 @@ def after_rejection(r, token, q=None, normalise_first=True, clamp=True, fallback
 
 def test_check_after_rejection(capsys):
     ll.checks.check_after_rejection(after_rejection)
-    assert "check_after_rejection: all 6 cases passed" in capsys.readouterr().out
+    assert "check_after_rejection: all 8 cases passed" in capsys.readouterr().out
     wrong_answers = {
         "r - q without normalising r": (lambda r, t, q: after_rejection(r, t, q, normalise_first=False), "Normalise r"),
         "no max(0, .)": (lambda r, t, q: after_rejection(r, t, q, clamp=False), "expected"),
@@ -62,3 +62,23 @@ def test_check_after_rejection(capsys):
     for name, (wrong, message) in wrong_answers.items():
         with pytest.raises(CheckFailed, match=message):
             ll.checks.check_after_rejection(wrong)
+
+
+def test_check_after_rejection_wants_r_back_whenever_nothing_is_left():
+    def fallback_for_sampled_only(r, token, q):  # a chosen candidate that held all of r leaves zeros
+        if q is None:
+            left = r.clone()
+            left[token] = 0
+            return left
+        left = (r / r.sum() - q).clamp_min(0)
+        return left if left.sum() > 0 else r
+
+    def fallback_when_r_equals_q(r, token, q):  # compares r itself with q, before normalising r
+        if q is None:
+            return after_rejection(r, token, q)
+        return r if torch.equal(r, q) else (r / r.sum() - q).clamp_min(0)
+
+    with pytest.raises(CheckFailed, match="Case a chosen candidate that held all of r.*return r itself"):
+        ll.checks.check_after_rejection(fallback_for_sampled_only)
+    with pytest.raises(CheckFailed, match="Case r not normalised, equal to q once normalised.*return r itself"):
+        ll.checks.check_after_rejection(fallback_when_r_equals_q)

@@ -32,6 +32,14 @@ def _softmax_cases():
     yield "a tiny temperature", torch.tensor([[1.0, 1.5, 0.0]]), 1e-3, "Subtract the maximum: logits / 0.001 are large."
     yield "one row without a batch dimension", torch.tensor([2.0, 0.0, -2.0]), 1.0, "Use dim=-1, not dim=1."
     yield "a three-dimensional batch", torch.randn(2, 3, 5, generator=gen), 1.3, "Use dim=-1, not dim=1."
+    yield "rows of very different sizes", torch.tensor([[1000.0, 999.0, 998.0], [-1000.0, -1001.0, -1003.0]]), 1.0, (
+        "Subtract each row's own maximum (max(dim=-1, keepdim=True)), not the maximum of the whole tensor: "
+        "the second row's exponentials underflow to 0 otherwise, and 0/0 is NaN."
+    )
+    yield "temperature 0 on one row without a batch dimension", torch.tensor([0.5, -1.0, 2.0, 1.0]), 0.0, (
+        "The greedy one-hot must work for any shape [..., vocab]: take the argmax and place the 1 along "
+        "dim=-1, not dim=1."
+    )
 
 
 @asks_for("logitlab.probs.softmax")
@@ -64,7 +72,8 @@ def check_gumbel_max(fn, samples: int = 40_000) -> None:
     """Check ``fn(logits, generator)`` samples like ``softmax(logits)`` (chapter 1).
 
     Deterministic checks first (shape, dtype, same seed gives same tokens, impossible tokens
-    never drawn), then a chi-square test of the frequencies against the exact probabilities.
+    never drawn), then a chi-square test of the frequencies against the exact probabilities, and
+    last that the logits it is given are left as they were.
     The test rejects a correct sampler with probability 1e-4 (its false-positive rate); the seed
     is fixed, so a correct function passes every time.
     """
@@ -72,25 +81,25 @@ def check_gumbel_max(fn, samples: int = 40_000) -> None:
 
     logits = torch.tensor([1.5, 1.0, 0.0, -0.5, float("-inf"), -2.0])
     batch = torch.stack([logits, logits.flip(0)])
-    label = "Case 1 of 4 (shape and dtype)"
-    got = call(fn, label, batch, torch.Generator(device="cpu").manual_seed(0))
+    label = "Case 1 of 5 (shape and dtype)"
+    got = call(fn, label, batch.clone(), torch.Generator(device="cpu").manual_seed(0))
     if not isinstance(got, torch.Tensor) or got.shape != (2,) or got.dtype != torch.long:
         shown = f"shape {tuple(got.shape)}, dtype {got.dtype}" if isinstance(got, torch.Tensor) else type(got).__name__
         raise CheckFailed(f"{label}: for logits of shape [2, 6] return token ids of shape [2] and dtype long; got {shown}.")
 
-    label = "Case 2 of 4 (reproducibility)"
+    label = "Case 2 of 5 (reproducibility)"
     a = call(fn, label, batch.repeat(50, 1), torch.Generator(device="cpu").manual_seed(1))
     b = call(fn, label, batch.repeat(50, 1), torch.Generator(device="cpu").manual_seed(1))
     if not torch.equal(a, b):
         raise CheckFailed(f"{label}: the same seed gave different tokens. Draw all noise from the generator you are given.")
 
-    label = "Case 3 of 4 (impossible tokens)"
+    label = "Case 3 of 5 (impossible tokens)"
     rows = batch.repeat(samples // 2, 1)
     tokens = call(fn, label, rows, torch.Generator(device="cpu").manual_seed(2)).reshape(-1, 2).cpu()
     if (tokens[:, 0] == 4).any() or (tokens[:, 1] == 1).any():
         raise CheckFailed(f"{label}: a token whose logit is -inf was drawn; it must have probability 0.")
 
-    label = "Case 4 of 4 (the distribution)"
+    label = "Case 4 of 5 (the distribution)"
     for column, row in enumerate(batch):
         probs = softmax(row.double())
         counts = torch.bincount(tokens[:, column], minlength=6).double()
@@ -105,4 +114,11 @@ def check_gumbel_max(fn, samples: int = 40_000) -> None:
                 f"{[round(p, 3) for p in probs.tolist()]} (chi-square p-value {pvalue:.1e}). "
                 "Gumbel noise is -log(-log(U)) with U uniform on (0, 1), added to the logits."
             )
-    print("check_gumbel_max: all 4 cases passed.")
+
+    label = "Case 5 of 5 (the logits left as they were)"
+    given = batch.clone()
+    call(fn, label, given, torch.Generator(device="cpu").manual_seed(3))
+    if not torch.equal(given, batch):
+        raise CheckFailed(f"{label}: your function changed the logits it was given, from {show(batch)} to "
+                          f"{show(given)}. Add the noise to a copy: logits + gumbel, not logits += gumbel.")
+    print("check_gumbel_max: all 5 cases passed.")

@@ -7,8 +7,9 @@ import torch
 from .common import CheckFailed, asks_for, call_unchanged, show
 
 
-def _check_truncation(fn, reference, cases, name: str) -> None:
-    """Shared by the truncation checks: same removed tokens (-inf) and same kept logits."""
+def _check_truncation(fn, reference, cases, name: str, new_tensor: bool = False) -> None:
+    """Shared by the truncation checks: same removed tokens (-inf) and same kept logits; with
+    ``new_tensor``, the answer must not be the logits tensor it was given (nor a view of it)."""
     for number, (label, logits, arg, hint) in enumerate(cases, start=1):
         case = f"Case {number} of {len(cases)} ({label})"
         got = call_unchanged(fn, case, logits, arg, what="the logits it was given")
@@ -17,6 +18,12 @@ def _check_truncation(fn, reference, cases, name: str) -> None:
         if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
             shown = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
             raise CheckFailed(f"{case}: {where}, expected a tensor of shape {tuple(expected.shape)}, got {shown}.")
+        if new_tensor and got.data_ptr() == logits.data_ptr():
+            raise CheckFailed(
+                f"{case}: {where}, your function returned the logits tensor it was given itself, not a new "
+                "tensor: whoever changes the result in place would change the logits too. Return a copy "
+                "(logits.clone()) even when nothing is removed."
+            )
         got = got.cpu()  # the cases are CPU tensors; a student's answer may be on another device
         kept, should_keep = ~got.isneginf(), ~expected.isneginf()
         if not torch.equal(kept, should_keep):
@@ -53,8 +60,12 @@ def check_top_k(fn) -> None:
         )),
         ("-inf entries", torch.tensor([[inf, 1.0, inf, 0.5, 0.0]]), 2, ""),
         ("one row without a batch dimension", torch.tensor([0.1, 0.4, 0.3]), 2, "Use dim=-1."),
+        ("a three-dimensional batch", torch.randn(2, 3, 6, generator=gen), 3, (
+            "Logits have shape [..., vocab]: work along dim=-1 and keep every leading dimension "
+            "(the k-th largest of each row is torch.topk(logits, k, dim=-1).values[..., -1:])."
+        )),
     ]
-    _check_truncation(fn, top_k, cases, "top-k")
+    _check_truncation(fn, top_k, cases, "top-k", new_tensor=True)
 
 
 @asks_for("logitlab.processors.top_p")

@@ -8,12 +8,8 @@ import torch
 from .common import CheckFailed, asks_for, call, call_unchanged, show
 
 
-@asks_for("logitlab.penalties.frequency_penalty")
-def check_frequency_penalty(fn) -> None:
-    """Check ``fn(logits, prev_tokens, penalty)`` against
-    :func:`logitlab.penalties.frequency_penalty` (chapter 3)."""
-    from ..penalties import frequency_penalty
-
+def _frequency_cases():
+    """(name, logits, prev_tokens, penalty, hint) for check_frequency_penalty."""
     gen = torch.Generator(device="cpu").manual_seed(0)
     inf = float("-inf")
     row = torch.tensor([[1.0, 2.0, -1.0, 0.5]])
@@ -41,7 +37,20 @@ def check_frequency_penalty(fn) -> None:
         )),
         ("a random batch with padding", 3 * torch.randn(4, 50, generator=gen),
          torch.randint(-1, 50, (4, 30), generator=gen), 0.3, count_hint),
+        ("padding written as -100", row, torch.tensor([[3, -100, 3, -100, 0]]), 1.0, (
+            "Every negative entry is padding, not only -1: leave out prev_tokens < 0, not just prev_tokens == -1."
+        )),
     ]
+    return cases
+
+
+@asks_for("logitlab.penalties.frequency_penalty")
+def check_frequency_penalty(fn) -> None:
+    """Check ``fn(logits, prev_tokens, penalty)`` against
+    :func:`logitlab.penalties.frequency_penalty` (chapter 3): the same logits, in a new tensor."""
+    from ..penalties import frequency_penalty
+
+    cases = _frequency_cases()
     for number, (name, logits, prev_tokens, penalty, hint) in enumerate(cases, start=1):
         label = f"Case {number} of {len(cases)} ({name})"
         got = call_unchanged(fn, label, logits, prev_tokens, penalty)
@@ -50,6 +59,10 @@ def check_frequency_penalty(fn) -> None:
         if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
             shown = f"shape {tuple(got.shape)}" if isinstance(got, torch.Tensor) else f"a {type(got).__name__}"
             raise CheckFailed(f"{label}: {where}, expected a tensor of shape {tuple(expected.shape)}, got {shown}.")
+        if got.data_ptr() == logits.data_ptr():
+            raise CheckFailed(f"{label}: {where}, your function returned the logits tensor it was given itself; "
+                              "return new logits (logits - penalty * counts is a new tensor, even when the "
+                              "counts are all 0).")
         got = got.cpu()  # the cases are CPU tensors; a student's answer may be on another device
         same = (got == expected) | (got - expected).abs().le(1e-5)  # -inf == -inf counts as the same
         if not bool(same.all()):
@@ -62,12 +75,8 @@ def check_frequency_penalty(fn) -> None:
     print(f"check_frequency_penalty: all {len(cases)} cases passed.")
 
 
-@asks_for("logitlab.generate.find_stop")
-def check_stop_position(fn) -> None:
-    """Check ``fn(pieces, stops)`` against :func:`logitlab.generate.find_stop` applied to
-    ``"".join(pieces)`` (chapter 3)."""
-    from ..generate import find_stop
-
+def _stop_cases():
+    """(name, pieces, stops, hint) for check_stop_position."""
     spans = "The stop string is split over several tokens: search the joined text, not each piece."
     cases = [
         ("a stop inside one piece", ["Hello", " world", ".\n\n", "Next"], ["\n\n"], ""),
@@ -84,7 +93,38 @@ def check_stop_position(fn) -> None:
         ("no stop", ["The", " end", "."], ["\n\n", "###"], "Return -1 when no stop string occurs."),
         ("a stop at the very start", ["\n", "\n", "Next"], ["\n\n"], "0 is a position like any other."),
         ("no pieces yet", [], ["\n\n"], "Return -1 when no stop string occurs."),
+        ("two stops, only one occurs", ["Answer", ":", " 42", "\n\n", "Question"], ["###", "\n\n"], (
+            "A stop that does not occur has find() == -1: leave it out before taking the minimum, "
+            "or -1 wins whenever some stop is missing."
+        )),
+        ("a stop at the very end", ["The", " end", ".", "\n", "\n"], ["\n\n"], (
+            "A stop may end with the last character: it can start at len(text) - len(stop), "
+            "so a loop over start positions must include that one."
+        )),
+        ("a stop after a partial match of itself", ["Paris.", "\n", "\n", "\n", "Question"], ["\n\nQuestion"], (
+            "The text has three newlines: a match that starts at the first one fails at the third, "
+            "and the stop starts one character later. Search the joined text with str.find rather "
+            "than matching character by character."
+        )),
+        ("a stop with characters special in regular expressions", ["a", "xb a", ".b"], ["a.b"], (
+            "Stop strings are plain text: in a regular expression '.' matches any character, so "
+            "use str.find (or re.escape each stop)."
+        )),
+        ("no stop strings at all", ["Some", " text"], [], (
+            "With an empty list of stops nothing can stop the text: return -1 "
+            "(an empty regular expression would match at 0)."
+        )),
     ]
+    return cases
+
+
+@asks_for("logitlab.generate.find_stop")
+def check_stop_position(fn) -> None:
+    """Check ``fn(pieces, stops)`` against :func:`logitlab.generate.find_stop` applied to
+    ``"".join(pieces)`` (chapter 3)."""
+    from ..generate import find_stop
+
+    cases = _stop_cases()
     for number, (name, pieces, stops, hint) in enumerate(cases, start=1):
         label = f"Case {number} of {len(cases)} ({name})"
         got = call(fn, label, list(pieces), list(stops))

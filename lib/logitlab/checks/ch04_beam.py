@@ -25,6 +25,9 @@ def _beam_step_cases():
         torch.tensor([0.0, -1.0]), 2, "The best extensions may all come from the same beam."
     yield "more beams to keep than beams in", logp(2, 7), torch.tensor([-1.0, -1.5]), 5, ""
     yield "a large vocabulary", logp(4, 1000), -torch.rand(4, generator=gen) * 3, 4, ""
+    yield "more beams to keep than tokens in the vocabulary", logp(3, 2), torch.tensor([-0.2, -0.4, -0.3]), 4, (
+        "num_beams may exceed V: rank all n * V extensions together (flatten, then topk), not the top "
+        "num_beams of each row first (a row has only V).")
 
 
 @asks_for("logitlab.beam.beam_search")

@@ -54,10 +54,28 @@ def _verify_counts(fn, q, p, gen, trials: int, label: str):
     return first, second
 
 
+def _check_same_seed(fn, q, p, calls: int = 100) -> None:
+    """Two runs of ``calls`` calls, each run with a generator seeded alike, must give the same answers."""
+    label = "The reproducibility case (the same seed twice)"
+    drafts = torch.tensor([1, 0])
+    runs = []
+    for _ in range(2):
+        gen = torch.Generator(device="cpu").manual_seed(1)
+        runs.append([_as_ints(call(fn, label, drafts.clone(), q.clone(), p.clone(), gen), label) for _ in range(calls)])
+    if runs[0] != runs[1]:
+        call_number = next(i for i, (a, b) in enumerate(zip(*runs)) if a != b)
+        raise CheckFailed(
+            f"{label}: with drafts {drafts.tolist()}, {calls} calls with a generator seeded 1 and {calls} more "
+            f"with a fresh generator seeded 1 differ at call {call_number + 1}: {runs[0][call_number]} then "
+            f"{runs[1][call_number]}. Take every random number from the generator you are given "
+            "(torch.rand(..., generator=generator), torch.multinomial(..., generator=generator)).")
+
+
 @asks_for("logitlab.speculative.verify")
 def check_verify(fn, trials: int = 20_000) -> None:
     """Check ``fn(draft_tokens, q, p, generator) -> (num_accepted, next_token)`` for one sequence
-    (chapter 6): hand cases first, then a statistical test of the tokens it outputs.
+    (chapter 6): hand cases first, then that the same seed gives the same answers, then a
+    statistical test of the tokens it outputs.
 
     ``draft_tokens`` is ``[g]``, ``q`` ``[g, V]``, ``p`` ``[g + 1, V]``. The statistical part draws
     drafts from ``q``, calls ``fn`` ``trials`` times, and checks with chi-square tests (each
@@ -76,6 +94,7 @@ def check_verify(fn, trials: int = 20_000) -> None:
 
     p = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25]])
     q = torch.tensor([[0.2, 0.5, 0.05, 0.25], [0.4, 0.3, 0.2, 0.1]])
+    _check_same_seed(fn, q, p)
     label = "The statistical test"
     first, second = _verify_counts(fn, q, p, gen, trials, label)
     for what, counts, target, hint in [
@@ -91,7 +110,8 @@ def check_verify(fn, trials: int = 20_000) -> None:
                 f"{label}: over {int(counts.sum())} draws, {what} came out with frequencies "
                 f"{show(counts / counts.sum())}, but it must follow the target's {show(target)} "
                 f"(chi-square p-value {pvalue:.1e}). {hint}")
-    print(f"check_verify: all {len(hand)} hand cases and the statistical test ({trials} calls) passed.")
+    print(f"check_verify: all {len(hand)} hand cases, the reproducibility case and the statistical test "
+          f"({trials} calls) passed.")
 
 
 @asks_for("logitlab.speculative.expected_tokens", "logitlab.speculative.speedup")

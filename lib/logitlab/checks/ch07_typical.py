@@ -14,7 +14,9 @@ def check_match_probability(fn) -> None:
     cases = [("one certain token", torch.tensor([0.0, 1.0, 0.0]), 1.0),
              ("four equally likely tokens", torch.full((4,), 0.25), 0.25),
              ("the hand case of the chapter", torch.tensor([0.5, 0.3, 0.2]), 0.38),
-             ("two rows at once", torch.tensor([[0.9, 0.1], [0.5, 0.5]]), [0.82, 0.5])]
+             ("two rows at once", torch.tensor([[0.9, 0.1], [0.5, 0.5]]), [0.82, 0.5]),
+             ("a three-dimensional batch, one row per group", torch.tensor([[[0.9, 0.1]], [[0.5, 0.5]]]),
+              [[0.82], [0.5]])]
     for name, p, expected in cases:
         label = f"Case {name}"
         got = call(fn, label, p.clone())
@@ -24,7 +26,8 @@ def check_match_probability(fn) -> None:
         want = torch.tensor(expected, dtype=torch.float64, device=got.device)
         if got.shape != want.shape:
             raise CheckFailed(f"{label}: expected shape {tuple(want.shape)} (one number per row of p), "
-                              f"got {tuple(got.shape)}.")
+                              f"got {tuple(got.shape)}. p has shape [..., V]: sum over dim=-1 only and keep "
+                              "every other dimension (squeeze() without a dim also drops the ones of size 1).")
         if not torch.allclose(got, want, atol=1e-6):
             raise CheckFailed(f"{label}: expected {want.tolist()}, got {got.tolist()}. Both draws give token x "
                               "with probability p(x) * p(x); add over x.")
@@ -51,6 +54,9 @@ def check_typical_accept(fn) -> None:
               "A token the target gives probability 0 is below any bar."),
              ("zero entries in p: 0.28 against a bar of 0.276", [1], [[0.72, 0.28, 0.0, 0.0]], 0.3, 0.5,
               "Entropy: 0 * log 0 counts as 0 (torch.xlogy does that); a NaN entropy breaks the bar."),
+             ("a draft exactly at the bar fails", [1, 0], [flat, flat], 0.25, 10.0,
+              "The test is strict: a draft passes when p(d) > min(epsilon, delta * exp(-H)), so p(d) = 0.25 "
+              "against a bar of epsilon = 0.25 fails (use >, not >=)."),
              ]
     gen = torch.Generator(device="cpu").manual_seed(0)
     for i in range(12):  # random cases of every length

@@ -16,11 +16,13 @@ def check_training_layout(fn) -> None:
     from ..training.lookahead import training_layout
 
     cases = [("one token, one slot", 1, [0], 1), ("the chapter's drawing", 5, [1, 3], 2),
-             ("two groups after the same token", 4, [2, 2], 3), ("no groups", 3, [], 2)]
+             ("two groups after the same token", 4, [2, 2], 3), ("no groups", 3, [], 2),
+             ("starts not in increasing order", 5, [3, 0], 2)]
     _compare_parents(fn, training_layout, [(f"Case {name} (length={length}, starts={starts}, k={k})",
                                             (length, starts, k)) for name, length, starts, k in cases],
-                     "The tokens come first, each the child of the one before; then each group: its first slot "
-                     "hangs from token t, each later slot from the slot before it.", "check_training_layout")
+                     "The tokens come first, each the child of the one before; then each group, in the order of "
+                     "starts (not sorted): its first slot hangs from token t, each later slot from the slot before "
+                     "it.", "check_training_layout")
 
 
 @asks_for("logitlab.lookahead.single_call_layout")
@@ -32,11 +34,12 @@ def check_single_call_layout(fn) -> None:
 
     cases = [("no drafts, three slots", 0, {0: 3}), ("two drafts, slots after every prefix", 2, {0: 2, 1: 2, 2: 2}),
              ("slots after the full prefix only", 3, {3: 2}), ("groups given out of order", 2, {2: 1, 0: 1}),
-             ("no slots at all", 2, {})]
+             ("no slots at all", 2, {}), ("a prefix with no slots", 2, {0: 0, 1: 2})]
     _compare_parents(fn, single_call_layout, [(f"Case {name} (num_drafts={m}, groups={groups})", (m, groups))
                                               for name, m, groups in cases],
                      "Node 0 is the pending token (parent -1), draft i is node i (parent i - 1); the group for "
-                     "prefix j starts at node j and groups come in increasing j.", "check_single_call_layout")
+                     "prefix j starts at node j and groups come in increasing j; a group of 0 slots adds no "
+                     "node.", "check_single_call_layout")
 
 
 def _compare_parents(fn, reference, cases, hint: str, check: str) -> None:

@@ -59,6 +59,8 @@ def check_after_rejection(fn) -> None:
         ("r not normalised, sampled candidate", t([0.1, 0.3, 0.1]), 0, t([0.4, 0.4, 0.2])),
         ("q equal to r: nothing would be left", t([0.5, 0.5]), 0, t([0.5, 0.5])),
         ("a chosen candidate the target gives no probability", t([0.0, 0.7, 0.3]), 0, None),
+        ("a chosen candidate that held all of r: nothing would be left", t([0.0, 1.0, 0.0]), 1, None),
+        ("r not normalised, equal to q once normalised: nothing would be left", t([1.0, 1.0]), 0, t([0.5, 0.5])),
     ]
     for name, r, token, q in cases:
         label = f"Case {name} (r={show(r)}, token={token}, q={None if q is None else show(q)})"
@@ -70,8 +72,9 @@ def check_after_rejection(fn) -> None:
         total = float(got.sum())
         if not (total > 0 and torch.isfinite(got).all() and (got >= 0).all()):
             raise CheckFailed(f"{label}: expected {show(want)}, got {show(got)}: what is left must be "
-                              "non-negative with a positive sum. When max(0, r - q) is zero everywhere, "
-                              "rejection could not happen: return r itself.")
+                              "non-negative with a positive sum. When nothing is left (max(0, r - q) with r "
+                              "normalised, or r without a chosen token, is zero everywhere), rejection could "
+                              "not happen: return r itself.")
         if not torch.allclose(got.float() / total, want, atol=1e-5):
             hint = ("A chosen candidate is a point mass: remove its token, keep the rest." if q is None else
                     "Normalise r before subtracting q, then keep max(0, r - q).")

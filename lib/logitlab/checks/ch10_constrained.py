@@ -71,6 +71,7 @@ def check_fewest_tokens(fn) -> None:
         ("an accepting start", [[1], []], [True, True]),
         ("a state that cannot finish", [[1, 2], [1], []], [False, False, True]),
         ("longer first, shorter later", [[1, 4], [2], [3], [], [3]], [False, False, False, True, False]),
+        ("two accepting states, each with its own way in", [[1], [], [3], []], [False, True, False, True]),
     ]
     for name, moves, accepting in cases:
         sources = torch.tensor([s for s, targets in enumerate(moves) for _ in targets], dtype=torch.long)
@@ -86,6 +87,7 @@ def check_fewest_tokens(fn) -> None:
         if got != want:
             first = next(s for s in range(len(want)) if got[s] != want[s])
             raise CheckFailed(f"{label}: expected {want}, got {got}; state {first} differs. Work backwards from the "
-                              "accepting states (breadth first): a state is one token further than the nearest "
-                              "state it moves to; a state from which no accepting state is reached gets None.")
+                              "accepting states (breadth first, starting from all of them at once): a state is one token "
+                              "further than the nearest state it moves to; a state from which no accepting state is "
+                              "reached gets None.")
     print(f"check_fewest_tokens: all {len(cases)} cases passed.")

@@ -45,6 +45,14 @@ def check_best_gamma(fn) -> None:
          "alpha = 1 and c = 0: every draft is kept for free, so the longest chain allowed."),
         ("an expensive drafter", 0.7, 0.4, cpu, "c is the price of one draft, paid gamma times per call."),
         ("only gamma = 1 allowed", 0.9, 0.01, {1: 1.0, 2: 1.1}, "gamma runs from 1 to max(v) - 1."),
+        ("a drafter that is always right but costs 0.8 of a step", 1.0, 0.8, steep, (
+            "alpha = 1 does not mean the longest chain: each draft still costs c, and here a draft and "
+            "its place in the pass cost more than the token it brings. Compare the speedups."
+        )),
+        ("v without the cost of a one-token pass", 0.8, 0.05, {2: 1.08, 3: 1.15, 4: 1.22, 5: 1.31}, (
+            "Only v(gamma + 1) is used, so v need not hold n = 1: gamma runs up to max(v) - 1, "
+            "which is not len(v) - 1 here."
+        )),
     ]
     for name, alpha, c, v, hint in cases:
         label = f"Case {name} (alpha {alpha}, c {c}, v {v})"
@@ -76,6 +84,7 @@ def check_truncation_distance(fn) -> None:
         ("logits already at -inf before the rule", torch.tensor([[1.0, -math.inf, 0.0, 0.5]]),
          torch.tensor([[1.0, -math.inf, -math.inf, 0.5]])),
         ("only the favourite kept", torch.tensor([3.0, 2.9, 2.8]), torch.tensor([3.0, -math.inf, -math.inf])),
+        ("very large logits", torch.tensor([[1000.0, 999.0, 998.0]]), torch.tensor([[1000.0, 999.0, -math.inf]])),
     ]
     for name, logits, kept in cases:
         label = f"Case {name} (logits {show(logits)}, kept {show(kept)})"
@@ -85,7 +94,9 @@ def check_truncation_distance(fn) -> None:
             raise CheckFailed(f"{label}: return a tensor of shape {tuple(want.shape)} (one distance per row), "
                               f"got {getattr(got, 'shape', type(got).__name__)}.")
         if not torch.allclose(got.float(), want, atol=1e-5):
-            hint = ("Renormalise the kept tokens: softmax of the kept logits, not the model's probabilities "
+            hint = ("exp(1000) overflows: use torch.softmax, or subtract the row maximum before exp." if
+                    not bool(torch.isfinite(got).all()) else
+                    "Renormalise the kept tokens: softmax of the kept logits, not the model's probabilities "
                     "with the removed ones set to 0." if bool((got < want).any()) else
                     "The total-variation distance is half the sum of the absolute differences.")
             raise CheckFailed(f"{label}: expected {show(want)}, got {show(got)}. {hint}")
