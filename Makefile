@@ -110,7 +110,7 @@ $(LOWER_INSTALLED): pyproject.toml requirements.txt
 	$(LOWER_PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
-# Only the library's tests: the chapters, the student versions and the book (and the browser) need jupyter-book and nbclient.
+# Only the library's tests: the chapters, the student versions, the grader and the book (and the browser) need jupyter-book and nbclient.
 # Tests marked slow (benchmark rows, long statistical runs; over ~15 s each) are left out to keep
 # this at about 5 minutes on 2 cores. One test is left out because its oracle, not the library, differs:
 # transformers 4.56's RepetitionPenaltyLogitsProcessor raises on ids outside the vocabulary,
@@ -119,7 +119,7 @@ $(LOWER_INSTALLED): pyproject.toml requirements.txt
 # (its tokenizer class is unknown to 4, and the rope base in its config.json is read as 10000).
 test-lower: $(LOWER_INSTALLED)
 	$(ONE_THREAD) LOGITLAB_CACHE=$(CURDIR)/$(LOWER_VENV)/cache $(LOWER_PY) -m pytest tests -m "not slow" $(PARALLEL) \
-		--ignore=tests/test_book.py --ignore=tests/test_site_in_browser.py --ignore=tests/test_notebooks.py --ignore=tests/test_chapters.py --ignore=tests/test_course.py --ignore=tests/test_otter_bridge.py \
+		--ignore=tests/test_book.py --ignore=tests/test_site_in_browser.py --ignore=tests/test_notebooks.py --ignore=tests/test_chapters.py --ignore=tests/test_course.py --ignore=tests/test_otter_bridge.py --ignore=tests/test_grade.py \
 		--ignore=tests/test_assignments.py --deselect tests/test_processors.py::test_penalties_ignore_ids_outside_the_vocabulary
 
 clean:
