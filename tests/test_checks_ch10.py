@@ -38,7 +38,7 @@ def test_check_allowed_tokens(capsys):
         ll.checks.check_allowed_tokens(lambda t, v, s: list(allowed_tokens(t, v, s)))
 
 
-def fewest_tokens(moves, accepting, backwards=True):
+def fewest_tokens(moves, accepting, backwards=True, every_start=True):
     if not backwards:  # wrong: counts the moves to the first accepting state in list order
         return [0 if a else next((1 for t in m if accepting[t]), None) for m, a in zip(moves, accepting)]
     into = [[] for _ in moves]
@@ -46,7 +46,8 @@ def fewest_tokens(moves, accepting, backwards=True):
         for t in targets:
             into[t].append(s)
     best = [0 if a else None for a in accepting]
-    queue = deque(s for s, a in enumerate(accepting) if a)
+    # every_start=False is wrong: the search starts from the first accepting state only
+    queue = deque(s for s, a in enumerate(accepting) if a) if every_start else deque([accepting.index(True)])
     while queue:
         t = queue.popleft()
         for s in into[t]:
@@ -71,20 +72,5 @@ def test_check_fewest_tokens(capsys):
 
 
 def test_check_fewest_tokens_starts_from_every_accepting_state():
-    def from_the_first_accepting_state(moves, accepting):
-        into = [[] for _ in moves]
-        for s, targets in enumerate(moves):
-            for t in targets:
-                into[t].append(s)
-        best = [0 if a else None for a in accepting]
-        queue = deque([accepting.index(True)])  # the search starts from one accepting state only
-        while queue:
-            t = queue.popleft()
-            for s in into[t]:
-                if best[s] is None:
-                    best[s] = best[t] + 1
-                    queue.append(s)
-        return best
-
     with pytest.raises(CheckFailed, match="Case two accepting states, each with its own way in.*state 2 differs"):
-        ll.checks.check_fewest_tokens(from_the_first_accepting_state)
+        ll.checks.check_fewest_tokens(lambda m, a: fewest_tokens(m, a, every_start=False))

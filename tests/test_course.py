@@ -36,7 +36,9 @@ def test_only_the_setting_and_what_follows_it_name_the_repository():
     if not (ROOT / ".git").exists():
         pytest.skip("not a git checkout: the tracked files are unknown")
     name = repository().removeprefix("https://github.com/")
-    found = subprocess.run(["git", "grep", "-l", "-F", name], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    result = subprocess.run(["git", "grep", "-l", "-F", name], cwd=ROOT, capture_output=True, text=True)
+    found = result.stdout.split()
+    assert result.returncode == 0 and "_config.yml" in found, f"git grep did not work: {result.stderr}"
     allowed = {"_config.yml"} | {f"chapters/{p.name}" for p in (ROOT / "chapters").glob("*.ipynb")} \
         | {f"student/chapters/{p.name}" for p in (ROOT / "chapters").glob("*.ipynb")}
     assert set(found) <= allowed, f"these files name the repository; take it from _config.yml: {sorted(set(found) - allowed)}"
