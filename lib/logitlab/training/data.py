@@ -18,6 +18,7 @@ import torch
 
 from ..devices import generator as seeded_generator
 from ..devices import model_device
+from ..fast_cpu import cpu_info
 
 # Varied short prompts: chat turns (the model is an instruction model, and chat is how the
 # book uses it) and plain text to continue. The drafter must not be tuned to one style.
@@ -115,14 +116,15 @@ def varied_prompts(tok) -> list[list[int]]:
 
 @torch.inference_mode()
 def generate_with_logits(model, prompts: list[list[int]], temps: list[float], max_new_tokens: int, k: int,
-                         generator: torch.Generator):
+                         generator: torch.Generator, stop_ids: set[int] | None = None):
     """Sample continuations (row b at temperature ``temps[b]``, 0 = greedy), recording the
     target's top-``k`` logits at every new position (the prediction *of* each new token).
 
     A plain decode loop rather than ``ll.generate``, because the logits it computes are the
     distillation targets: keeping them costs nothing, recomputing them is a second forward pass.
     Returns per row ``(tokens [L], new_from, topv [n, k] float16, topi [n, k] int32)``: positions
-    ``new_from - 1 .. L - 2`` predict the new tokens.
+    ``new_from - 1 .. L - 2`` predict the new tokens. With ``stop_ids`` it stops early once every
+    row has made one of them (the rows still run on past their own: cut them after).
     """
     width, device = max(len(p) for p in prompts), model_device(model)
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)
@@ -131,6 +133,8 @@ def generate_with_logits(model, prompts: list[list[int]], temps: list[float], ma
     pos = (mask.cumsum(-1) - 1).clamp_min(0)
     out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
     cache, new, topv, topi = out.past_key_values, [], [], []
+    stops = None if not stop_ids else torch.tensor(sorted(stop_ids), device=device)
+    stopped = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     for step in range(max_new_tokens):
         logits = out.logits[:, -1].float()
         v, i = logits.topk(k, dim=-1)
@@ -140,7 +144,10 @@ def generate_with_logits(model, prompts: list[list[int]], temps: list[float], ma
         sampled = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
         token = torch.where(t.squeeze(-1) == 0, logits.argmax(-1), sampled)
         new.append(token)
-        if step == max_new_tokens - 1:
+        if stops is not None:
+            stopped |= torch.isin(token, stops)
+        # One host read every 16 steps: on a GPU each read stalls the queue.
+        if step == max_new_tokens - 1 or (stops is not None and step % 16 == 15 and bool(stopped.all())):
             break
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         out = model(input_ids=token[:, None], attention_mask=mask, position_ids=(mask.sum(-1, keepdim=True) - 1),
@@ -192,8 +199,16 @@ def cached(path: str | None, compute):
 def split_held_out(data, prompts: list[list[int]], every: int) -> tuple[list, list]:
     """``(training rows, held-out rows)``: every row of every ``every``-th prompt is held out. A
     random split of rows would measure memory, not prediction: the same prompt's greedy
-    continuation repeats in the data."""
-    held_prompts = {tuple(p) for p in prompts[::every]}
+    continuation repeats in the data. Prompts of the data that ``prompts`` does not list follow
+    it in the order the data first shows them."""
+    listed = [tuple(p) for p in prompts]
+    known = set(listed)
+    for r in data:  # the prompts of a corpus (logitlab.training.corpus) are in the data alone
+        key = tuple(r[0][: r[1]].tolist())
+        if key not in known:
+            known.add(key)
+            listed.append(key)
+    held_prompts = set(listed[::every])
     held = [r for r in data if tuple(r[0][: r[1]].tolist()) in held_prompts]
     return [r for r in data if tuple(r[0][: r[1]].tolist()) not in held_prompts], held
 
@@ -221,3 +236,17 @@ def new_token_states(body, rows) -> list[torch.Tensor]:
     return [hidden[b, s - 1: len(t) - 1] for b, (t, s, _, _) in enumerate(rows)]
 
 
+
+
+def machine(model) -> str:
+    """Where a training ran, for its log: the GPU's name, or the CPU's and its threads."""
+    device = model_device(model)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{cpu_info().get('model name', 'unknown CPU')}, {torch.get_num_threads()} threads"
+
+
+def steps_within(seconds: float | None, steps: int, done: int, elapsed: float) -> int:
+    """How many training steps fit in ``seconds`` at the speed of the ``done`` steps so far
+    (``elapsed`` seconds), at most ``steps``: a time budget on a machine of unknown speed."""
+    return steps if seconds is None else max(done, min(steps, int(seconds * done / elapsed)))

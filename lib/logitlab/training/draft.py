@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from ..drafters import build_draft
-from .data import choose_vocabulary, load_or_make_data, new_token_states
+from .data import choose_vocabulary, load_or_make_data, new_token_states, steps_within
 
 # --- The draft model ---------------------------------------------------------------------------
 
@@ -85,16 +85,20 @@ def loss_on(draft, rows, kind: str = "kl") -> torch.Tensor:
     return (logp.exp() * (logp - logq.gather(-1, topi))).sum(-1).mean()
 
 
-def train(draft, data, steps: int, lr: float, batch: int = 8, kind: str = "kl", seed: int = 0, log_every: int = 25):
+def train(draft, data, steps: int, lr: float, batch: int = 8, kind: str = "kl", seed: int = 0, log_every: int = 25,
+          seconds: float | None = None):
+    """AdamW, warm-up and cosine decay; with ``seconds``, fewer steps where ``steps`` would take
+    longer (from the speed of the first 20). Returns ``(step, mean loss)`` every ``log_every``."""
     rng = random.Random(seed)
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     # Short warm-up then cosine decay: a few hundred steps from a good start need no more.
+    total = [steps]  # the schedule reads it: a time budget may shorten it after 20 steps
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / max(steps, 1))))
+        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s / max(total[0], 1), 1))))
     draft.train()
-    start, history, running = time.perf_counter(), [], []
-    for step in range(steps):
+    start, history, running, step = time.perf_counter(), [], [], 0
+    while step < total[0]:
         loss = loss_on(draft, rng.sample(data, batch), kind)
         opt.zero_grad()
         loss.backward()
@@ -102,10 +106,13 @@ def train(draft, data, steps: int, lr: float, batch: int = 8, kind: str = "kl", 
         opt.step()
         sched.step()
         running.append(loss.item())
-        if (step + 1) % log_every == 0 or step == 0:
+        if step == 19:
+            total[0] = steps_within(seconds, steps, 20, time.perf_counter() - start)
+        if (step + 1) % log_every == 0 or step == 0 or step == total[0] - 1:
             history.append((step + 1, sum(running) / len(running)))
             print(f"  step {step + 1}: loss {history[-1][1]:.3f}  ({time.perf_counter() - start:.0f} s)", flush=True)
             running = []
+        step += 1
     draft.eval()
     return history
 
@@ -131,18 +138,20 @@ def main(argv=None):
     parser.add_argument("--vocab", type=int, default=2048,
                         help="output vocabulary of the shipped draft: the tokens the target uses most (0: all)")
     parser.add_argument("--out", default="draft.safetensors", help="where the trained layer + norm go")
+    parser.add_argument("--seconds", type=float, help="time budget for training (fewer steps if needed)")
+    parser.add_argument("--device", help="cuda, mps or cpu (default: the best there is)")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
 
-    model, tok = ll.load("smollm2-135m")
+    model, tok = ll.load("smollm2-135m", device=args.device)
     data = load_or_make_data(model, tok, args.data, args.gen_seconds)
     held = data[-32:]  # the last batch: a validation loss on unseen continuations
     data = data[:-32]
     draft = build_draft(model, args.init_layer, args.layers)
     print(f"validation loss before training: {eval_loss(draft, held, args.loss):.3f}")
     t0 = time.perf_counter()
-    train(draft, data, args.steps, args.lr, args.batch, args.loss)
-    print(f"trained {args.steps} steps in {time.perf_counter() - t0:.0f} s; "
+    history = train(draft, data, args.steps, args.lr, args.batch, args.loss, seconds=args.seconds)
+    print(f"trained {history[-1][0]} steps in {time.perf_counter() - t0:.0f} s; "
           f"validation loss {eval_loss(draft, held, args.loss):.3f}")
     vocab = choose_vocabulary(data, model.config.vocab_size, args.vocab) if args.vocab else None
     save_draft(draft, args.out, vocab)

@@ -41,8 +41,8 @@ import torch.nn.functional as F
 from ..decoding import forward
 from ..devices import generator as seeded_generator
 from ..eagle import FeatureDrafter, save_drafter
-from ..fast_cpu import cpu_info
-from .data import cached, choose_vocabulary, load_or_make_data, prompt_ids, split_held_out, varied_prompts
+from .data import (cached, choose_vocabulary, load_or_make_data, machine, prompt_ids, split_held_out, steps_within,
+                   varied_prompts)
 
 
 @torch.inference_mode()
@@ -111,7 +111,7 @@ def accuracy(drafter: FeatureDrafter, rows, feats, batch: int = 16) -> list[floa
     template is easy to guess): how often the drafter's first guess (from the target's feature)
     and its second (from its own predicted feature) are the target's most likely token over the
     *whole* vocabulary, as greedy verification judges them."""
-    hits, counts = torch.zeros(2), torch.zeros(2)
+    hits, counts = torch.zeros(2, device=feats[0].device), torch.zeros(2, device=feats[0].device)
     output = drafter.full_output  # the target's whole output layer
     for i in range(0, len(rows), batch):
         index = list(range(i, min(i + batch, len(rows))))
@@ -154,20 +154,23 @@ def second_pass(drafter, inputs, ids, mask, pred) -> torch.Tensor:
 
 def train(drafter, rows, feats, steps: int, lr: float, batch: int = 16, token_weight: float = 0.1,
           noise: float = 0.0, unroll: int = 1, seed: int = 0, progress: bool = True, evaluate=None,
-          log_every: int = 200) -> list[float]:
+          log_every: int = 200, seconds: float | None = None) -> list[float]:
     """AdamW with a warm-up and a cosine decay; returns the loss of every step (summed over the
     unrolled steps). Shows a progress bar, and what ``evaluate(step)`` returns every ``log_every``
-    steps and after the last."""
+    steps and after the last. With ``seconds``, fewer steps where ``steps`` would take longer
+    (counted from the speed of the first 20, so that the decay still ends at the last step)."""
     from tqdm.auto import tqdm
 
     rng, gen = random.Random(seed), seeded_generator(drafter.fc.weight.device, seed)  # row choice; noise
     params = [p for name, p in drafter.named_parameters() if not name.startswith("lm_head")]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    total = [steps]  # the schedule reads it: a time budget may shorten it after 20 steps
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 50) * 0.5 * (1 + math.cos(math.pi * s / max(steps, 1))))
+        opt, lambda s: min(1.0, (s + 1) / 50) * 0.5 * (1 + math.cos(math.pi * min(s / max(total[0], 1), 1))))
     drafter.train()
-    history, bar = [], tqdm(total=steps, desc="EAGLE drafter training", disable=not progress)
-    for step in range(steps):
+    history, bar, start = [], tqdm(total=steps, desc="EAGLE drafter training", disable=not progress), time.perf_counter()
+    step = 0
+    while step < total[0]:
         index = [rng.randrange(len(rows)) for _ in range(batch)]
         ids, f, mask = batch_tensors(rows, feats, index)
         loss = losses(drafter, ids, f, mask, token_weight, noise, unroll, gen)
@@ -179,10 +182,14 @@ def train(drafter, rows, feats, steps: int, lr: float, batch: int = 16, token_we
         history.append(loss.sum().item())
         bar.update(1)
         bar.set_postfix(loss=f"{history[-1]:.3f}")
-        if evaluate is not None and ((step + 1) % log_every == 0 or step == steps - 1):
+        if seconds is not None and step == 19:
+            total[0] = steps_within(seconds, steps, 20, time.perf_counter() - start)
+            bar.total = total[0]
+        if evaluate is not None and ((step + 1) % log_every == 0 or step == total[0] - 1):
             drafter.eval()
             bar.write(f"  step {step + 1}: loss {history[-1]:.3f}, held-out accuracy {evaluate(step + 1)}")
             drafter.train()
+        step += 1
     bar.close()
     drafter.eval()
     return history
@@ -204,19 +211,25 @@ def main(argv=None):
     parser.add_argument("--data", help="the generated data as a torch file (reused if it exists)")
     parser.add_argument("--features", help="cache the target's features in this torch file")
     parser.add_argument("--held-out-every", type=int, default=7)
+    parser.add_argument("--eval-rows", type=int, help="measure the held-out accuracy on this many rows (default all)")
+    parser.add_argument("--log-every", type=int, default=200, help="steps between held-out measurements")
+    parser.add_argument("--seconds", type=float, help="time budget for training (fewer steps if needed)")
+    parser.add_argument("--device", help="cuda, mps or cpu (default: the best there is)")
+    parser.add_argument("--feature-batch", type=int, default=16, help="rows per pass when recording features")
     parser.add_argument("--out", default="eagle.safetensors")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
 
     start = time.perf_counter()
-    model, tok = ll.load("smollm2-135m")
+    model, tok = ll.load("smollm2-135m", device=args.device)
     prompts = varied_prompts(tok) + prompt_ids(tok)
     data = load_or_make_data(model, tok, args.data, args.gen_seconds, prompts=prompts)
     data, held = split_held_out(data, prompts, args.held_out_every)
+    held = held[: args.eval_rows]
     t0 = time.perf_counter()
     layers = tuple(int(i) for i in args.layers.split(",")) if args.layers else None
-    feats, held_feats = cached(args.features, lambda: (row_features(model, data, layers=layers),
-                                                       row_features(model, held, layers=layers)))
+    feats, held_feats = cached(args.features, lambda: (row_features(model, data, args.feature_batch, layers),
+                                                       row_features(model, held, args.feature_batch, layers)))
     print(f"features of {sum(len(f) for f in feats)} positions ({sum(len(f) for f in held_feats)} held out) "
           f"in {time.perf_counter() - t0:.0f} s")
     feature_seconds = time.perf_counter() - t0
@@ -230,9 +243,9 @@ def main(argv=None):
         return curve[-1][1:]
 
     history = train(drafter, data, feats, args.steps, args.lr, args.batch, args.token_weight, args.noise, args.unroll,
-                    evaluate=evaluate)
+                    evaluate=evaluate, log_every=args.log_every, seconds=args.seconds)
     train_seconds = time.perf_counter() - t0
-    print(f"trained {args.steps} steps in {train_seconds:.0f} s")
+    print(f"trained {len(history)} steps in {train_seconds:.0f} s")
     print(f"held-out accuracy (first, second guess): {curve[-1][1:]}")
     save_drafter(drafter, args.out)
     # What the chapter shows of the training: the recipe, the data, the times and the curves.
@@ -240,7 +253,7 @@ def main(argv=None):
            "new_tokens": sum(len(r[2]) for r in data), "held_out_new_tokens": sum(len(r[2]) for r in held),
            "feature_seconds": round(feature_seconds), "train_seconds": round(train_seconds),
            "loss": [round(x, 4) for x in history], "held_out_accuracy": [[0, *before]] + curve,
-           "machine": f"{cpu_info().get('model name', 'unknown CPU')}, {torch.get_num_threads()} threads"}
+           "steps_run": len(history), "machine": machine(model)}
     Path(args.out).with_suffix(".json").write_text(json.dumps(log, indent=1))
     print(f"saved {args.out} ({os.path.getsize(args.out) / 1e6:.1f} MB) and its training log; "
           f"{time.perf_counter() - start:.0f} s in all")

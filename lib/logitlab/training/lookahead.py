@@ -239,10 +239,11 @@ def main(argv=None):
     parser.add_argument("--held-out-every", type=int, default=7)
     parser.add_argument("--init", help="continue from embeddings saved in this file (their curve is kept)")
     parser.add_argument("--out", default="lookahead.safetensors")
+    parser.add_argument("--device", help="cuda, mps or cpu (default: the best there is)")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
 
-    model, tok = ll.load("smollm2-135m", device="cpu")
+    model, tok = ll.load("smollm2-135m", device=args.device)
     data = load_or_make_data(model, tok, args.data, args.gen_seconds, prompts=varied_prompts(tok))
     for path in args.also:
         data += torch.load(path)

@@ -68,7 +68,7 @@ def training_tensors(data, states, vocab: torch.Tensor, vocab_size: int, num_hea
     for r in data:
         n = len(r[2])
         for k in range(1, num_heads + 1):
-            j = torch.arange(n - k, device=device)
+            j = torch.arange(max(n - k, 0), device=device)
             target_row[k - 1, offset + j] = offset + j + k
         offset += n
     return hidden, sub.clamp_min(0), probs, target_row
@@ -142,22 +142,25 @@ def main(argv=None):
                         help="the rows of every N-th prompt are held out, to measure the accuracy")
     parser.add_argument("--hidden", help="cache the target's hidden states in this torch file")
     parser.add_argument("--out", default="heads.safetensors")
+    parser.add_argument("--device", help="cuda, mps or cpu (default: the best there is)")
+    parser.add_argument("--state-batch", type=int, default=16, help="rows per pass when recording hidden states")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
 
-    model, tok = ll.load("smollm2-135m")
+    model, tok = ll.load("smollm2-135m", device=args.device)
     data = load_or_make_data(model, tok, args.data, args.gen_seconds, prompts=varied_prompts(tok))
     for path in args.also:
         data += torch.load(path)
     data, held = split_held_out(data, varied_prompts(tok) + prompt_ids(tok), args.held_out_every)
     vocab = choose_vocabulary(data, model.config.vocab_size, args.vocab)
     t0 = time.perf_counter()
-    states, held_states = cached(args.hidden, lambda: (hidden_states(model, data), hidden_states(model, held)))
+    states, held_states = cached(args.hidden, lambda: (hidden_states(model, data, args.state_batch),
+                                                       hidden_states(model, held, args.state_batch)))
     train_t = training_tensors(data, states, vocab, model.config.vocab_size, args.heads)
     held_t = training_tensors(held, held_states, vocab, model.config.vocab_size, args.heads)
     print(f"hidden states of {len(train_t[0])} positions ({len(held_t[0])} held out) in "
           f"{time.perf_counter() - t0:.0f} s")
-    heads = MedusaHeads(model.lm_head.weight, args.heads, vocab)
+    heads = MedusaHeads(model.lm_head.weight, args.heads, vocab).to(model.device)
     print(f"held-out top-1 accuracy before training: {[round(a, 3) for a in accuracy(heads, *held_t)]}")
     t0 = time.perf_counter()
     train(heads, train_t, args.steps, args.lr, args.batch, args.weight_decay,

@@ -1,0 +1,200 @@
+"""Training data at the scale drafters need: tens of thousands of real prompts from public
+instruction sets, and the target's own answers to each, greedy and at T = 1.
+
+The drafters of chapters 6-9 were first trained on a few hundred thousand tokens from a few dozen
+prompt templates, and they learned those templates. This module makes the larger set in two
+steps, each one command:
+
+    python -m logitlab.training.corpus prompts --t0 T0_DIR --gsm8k train.jsonl \\
+        --self-instruct SELF_INSTRUCT_DIR --exclude question.jsonl --out prompts.jsonl.xz
+    python -m logitlab.training.corpus generate --prompts prompts.jsonl.xz --seconds 1800 \\
+        --out corpus.pt --tokens corpus_tokens.pt
+
+The first reads the public sources below (download them from the addresses in ``SOURCES``) and
+drops every prompt that shares a run of 12 words with a Spec-Bench question (``--exclude``: the
+prompts the drafters are measured on). The second needs a GPU to finish in minutes: the target
+answers every prompt twice, greedily and at T = 1, until its end-of-turn token or ``--max-new``
+tokens, recording its top-64 logits at every new position (the rows every trainer reads, see
+``logitlab.training.data``). ``--tokens`` also writes the answers' token ids alone (a few MB),
+from which the rest is recomputed by teacher forcing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import lzma
+import random
+import re
+import time
+from pathlib import Path
+
+import torch
+
+from ..devices import generator as seeded_generator
+from .data import TEMPLATES, TOPICS, chat, generate_with_logits, machine
+
+# Where each source comes from, and its licence (all allow training a model on them).
+SOURCES = {
+    "t0": ("P3/T0 training prompts, 50k sample of the self-instruct repository "
+           "(github.com/yizhongw/self-instruct, data/finetuning/t0_train_50k)", "Apache-2.0"),
+    "gsm8k": ("GSM8K training questions (github.com/openai/grade-school-math, "
+              "grade_school_math/data/train.jsonl)", "MIT"),
+    "self-instruct": ("Self-Instruct seed tasks and user-oriented instructions "
+                      "(github.com/yizhongw/self-instruct)", "Apache-2.0"),
+    "book": ("the book's own topic templates (logitlab.training.data)", "the book's licence"),
+}
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    opener = lzma.open if str(path).endswith(".xz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def t0_prompts(folder: Path, per_template: int, rng: random.Random) -> list[str]:
+    """Up to ``per_template`` prompts from each P3 template file (answer choices dropped)."""
+    texts = []
+    for path in sorted(folder.glob("*.jsonl")):
+        rows = [r["prompt"].strip() for r in read_jsonl(path)]
+        texts += rng.sample(rows, min(per_template, len(rows)))
+    return texts
+
+
+def self_instruct_prompts(folder: Path) -> list[str]:
+    """Each instruction with each of its inputs (or alone when it has none)."""
+    texts = []
+    for rel in ("data/seed_tasks.jsonl", "human_eval/user_oriented_instructions.jsonl"):
+        for task in read_jsonl(folder / rel):
+            for inst in task.get("instances", [{}]):
+                extra = inst.get("input", "").strip()
+                texts.append(task["instruction"].strip() + ("\n\n" + extra if extra else ""))
+    return texts
+
+
+def shingles(text: str, n: int = 12) -> set[str]:
+    words = re.findall(r"\w+", text.lower())
+    return {" ".join(words[i: i + n]) for i in range(max(len(words) - n + 1, 0))}
+
+
+def build_prompts(t0: Path, gsm8k: Path, self_instruct: Path, exclude: Path | None, per_template: int = 60,
+                  seed: int = 0) -> list[dict]:
+    """``[{"source", "text"}]``, shuffled, without duplicates or any prompt that shares 12
+    consecutive words with a turn of ``exclude`` (Spec-Bench's question.jsonl)."""
+    rng = random.Random(seed)
+    rows = [("t0", t) for t in t0_prompts(t0, per_template, rng)]
+    rows += [("gsm8k", r["question"].strip()) for r in read_jsonl(gsm8k)]
+    rows += [("self-instruct", t) for t in self_instruct_prompts(self_instruct)]
+    rows += [("book", t.format(topic)) for t in TEMPLATES for topic in TOPICS]
+    banned = set()
+    for q in read_jsonl(exclude) if exclude else []:
+        for turn in q["turns"]:
+            banned |= shingles(turn)
+    seen, kept = set(), []
+    for source, text in rows:
+        if text and text not in seen and not (shingles(text) & banned):
+            seen.add(text)
+            kept.append({"source": source, "text": text})
+    rng.shuffle(kept)
+    return kept
+
+
+def batches(prompts: list[list[int]], batch: int, max_prompt: int):
+    """Batches of prompt indices, each prompt twice (greedy, then T = 1), similar lengths
+    together so that little of a batch is padding; prompts longer than ``max_prompt`` dropped."""
+    order = [i for i in range(len(prompts)) if len(prompts[i]) <= max_prompt]
+    half, chunk = max(batch // 2, 1), max(batch // 2, 1) * 16
+    for c in range(0, len(order), chunk):
+        part = sorted(order[c: c + chunk], key=lambda i: len(prompts[i]))
+        for b in range(0, len(part), half):
+            yield part[b: b + half]
+
+
+def cut_at_stop(row, stop_ids: set[int]):
+    """A generated row up to and including its first stop token (the rest is not the target's
+    answer: the loop ran on for the batch's other rows)."""
+    tokens, start, topv, topi = row
+    new = tokens[start:].tolist()
+    end = next((i + 1 for i, t in enumerate(new) if t in stop_ids), len(new))
+    return tokens[: start + end], start, topv[:end], topi[:end]
+
+
+def generate_corpus(model, tok, texts: list[str], seconds: float, batch: int, max_new: int, max_prompt: int,
+                    k: int = 64, seed: int = 0):
+    """Rows ``(tokens, new_from, topv, topi)`` of the target's answers, greedy and at T = 1,
+    for as many prompts as ``seconds`` allows (in the order given), and the index in ``texts``
+    of each row's prompt."""
+    prompts = [chat(tok, t) for t in texts]
+    stop_ids = {tok.convert_tokens_to_ids("<|im_end|>"), tok.eos_token_id}
+    gen, rows, sources, start = seeded_generator(model, seed), [], [], time.perf_counter()
+    for index in batches(prompts, batch, max_prompt):
+        if time.perf_counter() - start > seconds:
+            break
+        pairs = [prompts[i] for i in index for _ in (0, 1)]
+        temps = [0.0, 1.0] * len(index)
+        out = generate_with_logits(model, pairs, temps, max_new, k, gen, stop_ids=stop_ids)
+        rows += [cut_at_stop(r, stop_ids) for r in out]
+        sources += [i for i in index for _ in (0, 1)]
+        made = sum(len(r[2]) for r in rows)
+        print(f"  {len(rows)} rows, {made} new tokens, {time.perf_counter() - start:.0f} s", flush=True)
+    return rows, sources
+
+
+def save_tokens(rows, sources: list[int], path: Path, **about) -> None:
+    """The answers alone, compactly (a few MB for millions of tokens): each row's prompt as an
+    index into the prompts file, its temperature, and its new tokens as 16-bit ids."""
+    import numpy as np
+
+    new = np.concatenate([r[0][r[1]:].numpy() for r in rows]).astype(np.uint16)  # the vocabulary fits
+    np.savez_compressed(path, prompt=np.array(sources, dtype=np.int32), new=new,
+                        length=np.array([len(r[0]) - r[1] for r in rows], dtype=np.int32),
+                        temperature=np.array([0.0, 1.0] * (len(rows) // 2), dtype=np.float32),
+                        about=np.array(json.dumps(about)))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("prompts", help="gather the prompts from the public sources")
+    p.add_argument("--t0", type=Path, required=True, help="folder of the P3/T0 per-template .jsonl files")
+    p.add_argument("--gsm8k", type=Path, required=True, help="GSM8K's train.jsonl")
+    p.add_argument("--self-instruct", type=Path, required=True, help="a checkout of yizhongw/self-instruct")
+    p.add_argument("--exclude", type=Path, help="Spec-Bench's question.jsonl: none of its prompts is kept")
+    p.add_argument("--per-template", type=int, default=60)
+    p.add_argument("--out", type=Path, required=True, help="a .jsonl or .jsonl.xz file")
+    g = sub.add_parser("generate", help="the target's answers (a GPU makes millions of tokens in minutes)")
+    g.add_argument("--prompts", type=Path, required=True)
+    g.add_argument("--seconds", type=float, default=1800, help="time budget")
+    g.add_argument("--batch", type=int, default=512, help="rows per batch (two per prompt)")
+    g.add_argument("--max-new", type=int, default=256)
+    g.add_argument("--max-prompt", type=int, default=384, help="longer prompts (in tokens) are left out")
+    g.add_argument("--device", help="cuda, mps or cpu (default: the best there is)")
+    g.add_argument("--out", type=Path, required=True, help="the rows, as a torch file")
+    g.add_argument("--tokens", type=Path, help="also the answers' token ids alone, as a small .npz file")
+    args = parser.parse_args(argv)
+
+    if args.command == "prompts":
+        rows = build_prompts(args.t0, args.gsm8k, args.self_instruct, args.exclude, args.per_template)
+        opener = lzma.open if str(args.out).endswith(".xz") else open
+        with opener(args.out, "wt", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        counts = {s: sum(r["source"] == s for r in rows) for s in SOURCES}
+        print(f"{len(rows)} prompts: {counts}")
+        return
+    import logitlab as ll
+
+    model, tok = ll.load("smollm2-135m", device=args.device)
+    texts = [r["text"] for r in read_jsonl(args.prompts)]
+    start = time.perf_counter()
+    rows, sources = generate_corpus(model, tok, texts, args.seconds, args.batch, args.max_new, args.max_prompt)
+    seconds = time.perf_counter() - start
+    torch.save(rows, args.out)
+    made = sum(len(r[2]) for r in rows)
+    print(f"{len(rows)} rows, {made} new tokens in {seconds:.0f} s ({made / seconds:.0f} tokens/s) on {model.device}")
+    if args.tokens:
+        save_tokens(rows, sources, args.tokens, seconds=round(seconds), prompts=str(args.prompts),
+                    device=machine(model), max_new=args.max_new)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""The drafters' training corpus (logitlab.training.corpus) and the pieces of the trainers it
+relies on: prompts gathered without the benchmark's, batches, rows cut at the end of the answer,
+the compact token file, the held-out split by prompt, and a training time budget."""
+
+import json
+
+import numpy as np
+import torch
+from test_speculative import tiny_llama
+
+from logitlab.training.corpus import batches, build_prompts, cut_at_stop, save_tokens, shingles
+from logitlab.training.data import generate_with_logits, split_held_out, steps_within
+from logitlab.training.medusa import training_tensors
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_build_prompts_drops_duplicates_and_every_prompt_the_benchmark_shares(tmp_path):
+    t0 = tmp_path / "t0"
+    t0.mkdir()
+    shared = "one two three four five six seven eight nine ten eleven twelve"
+    write_jsonl(t0 / "a.jsonl", [{"prompt": "Answer: what is " + shared + " thirteen?"}, {"prompt": "Keep me."}])
+    write_jsonl(t0 / "b.jsonl", [{"prompt": "Keep me."}])  # a duplicate of a.jsonl's
+    gsm = write_jsonl(tmp_path / "gsm.jsonl", [{"question": "How many apples?", "answer": "3"}])
+    si = tmp_path / "si"
+    (si / "data").mkdir(parents=True)
+    (si / "human_eval").mkdir()
+    write_jsonl(si / "data/seed_tasks.jsonl", [{"instruction": "Sort", "instances": [{"input": "b a"}, {"input": ""}]}])
+    write_jsonl(si / "human_eval/user_oriented_instructions.jsonl", [])
+    exclude = write_jsonl(tmp_path / "q.jsonl", [{"turns": [shared.upper() + ", said the benchmark."]}])
+    rows = build_prompts(t0, gsm, si, exclude)
+    texts = [r["text"] for r in rows]
+    assert not any(shared in t for t in texts)
+    assert texts.count("Keep me.") == 1
+    assert {"How many apples?", "Sort\n\nb a", "Sort"} <= set(texts)
+    assert sum(r["source"] == "book" for r in rows) == 300
+    # Eleven shared words are not a match: only a run of twelve is.
+    assert not shingles("one two three four five six seven eight nine ten eleven") & shingles(shared)
+
+
+def test_batches_hold_each_short_prompt_once_and_similar_lengths_together():
+    prompts = [[1] * n for n in [5, 50, 3, 40, 4, 500, 41]]
+    out = list(batches(prompts, batch=4, max_prompt=100))
+    assert sorted(i for b in out for i in b) == [0, 1, 2, 3, 4, 6]  # 500 tokens: left out
+    assert all(len(b) <= 2 for b in out)  # two rows per prompt
+    assert [sorted(len(prompts[i]) for i in b) for b in out] == [[3, 4], [5, 40], [41, 50]]
+
+
+def test_a_row_is_cut_after_its_first_stop_token():
+    tokens = torch.tensor([7, 8, 1, 2, 9, 3, 9, 4])
+    topv, topi = torch.arange(6.0)[:, None], torch.arange(6)[:, None]
+    cut, start, v, i = cut_at_stop((tokens, 2, topv, topi), {9})
+    assert cut.tolist() == [7, 8, 1, 2, 9] and start == 2 and v.flatten().tolist() == [0, 1, 2]
+    assert cut_at_stop((tokens, 2, topv, topi), {5})[0].tolist() == tokens.tolist()  # no stop: all kept
+
+
+def test_generation_stops_once_every_row_has_stopped():
+    model = tiny_llama(2, 0)
+    gen = torch.Generator().manual_seed(0)
+    rows = generate_with_logits(model, [[1, 2, 3], [4, 5]], [0.0, 0.0], 40, 4, gen)
+    first = {r[0][r[1]].item() for r in rows}  # greedy: every row's first token is a stop
+    short = generate_with_logits(model, [[1, 2, 3], [4, 5]], [0.0, 0.0], 40, 4, gen, stop_ids=first)
+    assert [len(r[2]) for r in rows] == [40, 40] and [len(r[2]) for r in short] == [16, 16]
+    for a, b in zip(rows, short):  # the same tokens until it stopped
+        assert torch.equal(a[0][: len(b[0])], b[0])
+
+
+def test_token_file_keeps_each_answer_and_its_prompt(tmp_path):
+    rows = [(torch.tensor([5, 6, 49151, 7]), 2, None, None), (torch.tensor([5, 6, 8]), 2, None, None)]
+    save_tokens(rows, [3, 3], tmp_path / "t.npz", device="test")
+    z = np.load(tmp_path / "t.npz")
+    assert z["new"].tolist() == [49151, 7, 8] and z["length"].tolist() == [2, 1]
+    assert z["prompt"].tolist() == [3, 3] and z["temperature"].tolist() == [0.0, 1.0]
+    assert json.loads(str(z["about"])) == {"device": "test"}
+
+
+def test_held_out_split_also_splits_prompts_only_the_data_knows():
+    def row(prompt):
+        return (torch.tensor(prompt + [99]), len(prompt), None, None)
+
+    listed = [[1], [2], [3]]
+    old = [row([1]), row([2]), row([3]), row([1])]
+    train, held = split_held_out(old, listed, every=2)  # prompts 1 and 3 held out, as before
+    assert [r[0][0].item() for r in held] == [1, 3, 1] and [r[0][0].item() for r in train] == [2]
+    new = [row([7]), row([8]), row([7]), row([9])]  # listed + [7, 8, 9]: every second is 1, 3, 8
+    train, held = split_held_out(new, listed, every=2)
+    assert [r[0][0].item() for r in held] == [8] and [r[0][0].item() for r in train] == [7, 7, 9]
+
+
+def test_steps_within_a_time_budget():
+    assert steps_within(None, 500, 20, 10.0) == 500
+    assert steps_within(60.0, 500, 20, 10.0) == 120
+    assert steps_within(600.0, 500, 20, 10.0) == 500
+    assert steps_within(1.0, 500, 20, 10.0) == 20  # never fewer than were run
+
+
+def test_medusa_targets_skip_rows_shorter_than_the_heads():
+    rows = [(torch.arange(6), 4, torch.zeros(2, 3), torch.zeros(2, 3, dtype=torch.int32))]
+    hidden, sub, probs, target = training_tensors(rows, [torch.zeros(2, 4)], torch.arange(8), 8, num_heads=4)
+    assert target.tolist() == [[1, -1], [-1, -1], [-1, -1], [-1, -1]]
