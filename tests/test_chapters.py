@@ -6,7 +6,8 @@ by the placeholder: it must stop with ``NotImplementedError`` in that cell and n
 is the exercise's check refusing an unwritten answer. Then the chapter's own cell, with the
 solution, runs and its check must pass. Every other cell must run without an error. So each
 exercise is checked with its solution missing and present, in the state the notebook has reached
-there, and the chapter runs to its end with every solution present. The executed chapter (the
+there, and the chapter runs to its end with every solution present, writing nothing to stderr
+(a warning or a log line) unless the cell is tagged ``shows-stderr``. The executed chapter (the
 outputs of the solutions) is written to ``$LOGITLAB_EXECUTED_DIR`` when it is set (``make test``
 builds the book from it), else to a temporary folder.
 
@@ -42,6 +43,15 @@ def errors(cell) -> list:
     return [o for o in cell.get("outputs", []) if o.output_type == "error"]
 
 
+def stray_lines(cell) -> list[str]:
+    """What the cell wrote to stderr (warnings, log lines), unless the cell is tagged
+    ``shows-stderr``: a page must not show a warning the book did not mean to show."""
+    if "shows-stderr" in cell.get("metadata", {}).get("tags", []):
+        return []
+    text = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.output_type == "stream" and o.name == "stderr")
+    return [line for line in text.splitlines() if line.strip()]
+
+
 def execute(path: Path, out_dir: Path) -> list[str]:
     """Run chapter ``path`` in ``out_dir`` as the module docstring says; write the executed copy
     there and return what went wrong, one line per problem."""
@@ -65,6 +75,7 @@ def execute(path: Path, out_dir: Path) -> list[str]:
             client.execute_cell(cell, index, execution_count=number)
             for e in errors(cell):
                 problems.append(f"cell {index}: {e.ename}: {e.evalue.splitlines()[0] if e.evalue else ''}")
+            problems += [f"cell {index} wrote to stderr: {line[:200]}" for line in stray_lines(cell)[:3]]
         client.set_widgets_metadata()  # the widgets' state, which the website embeds (as nbclient's execute does)
     nbformat.write(nb, out_dir / path.name)
     return problems

@@ -37,6 +37,12 @@ def test_missing_package_says_how_to_install(monkeypatch, tmp_path):
 def test_bad_device_raises():
     with pytest.raises(ValueError, match="device"):
         ll.load("smollm2-135m", device=3.5)
+    # A device this machine does not have: a ValueError that names the ones it has, not torch's
+    # AssertionError from deep inside the model's .to().
+    missing = "cuda:7" if torch.cuda.is_available() else "cuda"
+    with pytest.raises(ValueError, match=r"not available on this machine; available: \['cpu'"):
+        ll.load("smollm2-135m", device=missing)
+    assert ll.models.available_devices()[0] == "cpu"
 
 
 def test_uncached_then_cached_load_give_identical_logits(monkeypatch, tmp_path):

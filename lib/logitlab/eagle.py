@@ -56,7 +56,10 @@ class FeatureDrafter(torch.nn.Module):
         from transformers import LlamaConfig, LlamaModel
 
         check_body_and_head(target)
-        config = LlamaConfig(**{**target.config.to_dict(), "num_hidden_layers": 1, "vocab_size": 1, "pad_token_id": None})
+        # One decoder layer and no vocabulary of its own (inputs come from fc, outputs go through the
+        # target's head): no token ids either, or the config warns they lie outside its vocabulary.
+        config = LlamaConfig(**{**target.config.to_dict(), "num_hidden_layers": 1, "vocab_size": 1, "pad_token_id": None,
+                                "bos_token_id": None, "eos_token_id": None})
         hidden, depth = config.hidden_size, target.config.num_hidden_layers
         if layers is not None and (not isinstance(layers, (tuple, list)) or not layers or layers[-1] != depth or any(
                 isinstance(i, bool) or not isinstance(i, int) or not 1 <= i <= depth for i in layers)):

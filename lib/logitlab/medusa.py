@@ -140,6 +140,9 @@ def medusa_generate(target, heads: MedusaHeads, input_ids, *, branching=(3, 2, 1
     _check_heads(heads, target)
     if not branching:
         raise ValueError("branching must have at least one level, got ()")
+    if len(branching) > heads.num_heads:
+        raise ValueError(f"branching has {len(branching)} levels, but a level needs a head and there are only "
+                         f"{heads.num_heads}: give at most {heads.num_heads} numbers, got {tuple(branching)!r}")
     return speculative_generate(target, MedusaDrafter(heads, tree=tuple(branching)), input_ids,
                                 gamma=len(branching), max_new_tokens=max_new_tokens, temperature=temperature,
                                 acceptance=acceptance, eos_token_id=eos_token_id, tokenizer=tokenizer,

@@ -206,10 +206,22 @@ def _known(name: str) -> dict:
     return KNOWN_MODELS[name]
 
 
+def available_devices() -> list[str]:
+    """The devices this machine can run the model on: 'cpu', then 'cuda:0', 'cuda:1', ... and 'mps'."""
+    names = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0)]
+    mps = getattr(torch.backends, "mps", None)
+    return names + (["mps"] if mps is not None and mps.is_available() else [])
+
+
 def _pick_device(dev) -> torch.device:
     if dev is None:
         return device()
     try:
-        return torch.device(dev)
+        chosen = torch.device(dev)
     except (RuntimeError, TypeError):
         raise ValueError(f"device must be None, a torch.device or a string like 'cpu' or 'cuda', got {dev!r}") from None
+    here = available_devices()
+    name = f"{chosen.type}:{chosen.index or 0}" if chosen.type == "cuda" else chosen.type
+    if name not in here:
+        raise ValueError(f"device {dev!r} is not available on this machine; available: {here}")
+    return chosen
