@@ -66,13 +66,15 @@ book: setup
 # short tests fill in at the end. The book is built in a second call, once every chapter has run
 # (test_book.py checks that each executed copy is newer than the start of the first call).
 PARALLEL := -n auto --maxprocesses=4 --maxschedchunk=1
+# One short chapter also through nbmake, the way a reader runs a chapter as a test (README).
+NBMAKE := --nbmake chapters/01_logits_and_temperature.ipynb
 ONE_THREAD := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 test: setup
 	rm -rf $(SCRATCH) && mkdir -p $(SCRATCH)/chapters
 	start=$$(date +%s.%N) && \
 	$(ONE_THREAD) LOGITLAB_EXECUTED_DIR=$(CURDIR)/$(SCRATCH)/chapters $(PY) -m pytest tests --ignore=tests/test_book.py \
-		--ignore=tests/test_site_in_browser.py $(PARALLEL) --durations=30 && \
+		--ignore=tests/test_site_in_browser.py $(NBMAKE) $(PARALLEL) --durations=30 && \
 	LOGITLAB_EXECUTED_SINCE=$$start $(PY) -m pytest -rs tests/test_book.py tests/test_site_in_browser.py
 	$(MAKE) --no-print-directory test-lower
 
