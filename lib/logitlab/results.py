@@ -40,16 +40,44 @@ def find_row(rows: list[dict], pattern: str) -> dict:
     return hits[0]
 
 
+def split_label(measurement: str) -> tuple[str, str]:
+    """A row's label as ``(method, settings)``: the text before its first " (" or ", ", and the rest."""
+    cuts = [i for i in (measurement.find(" ("), measurement.find(", ")) if i > 0]
+    cut = min(cuts, default=len(measurement))
+    return measurement[:cut], measurement[cut:].lstrip(",").strip()
+
+
+def reading(row: dict) -> tuple[str, str, str]:
+    """``(speed, cost, relative to)`` of a row, every ratio read one way: a speed is the row's
+    method over what it is compared with (above 1: faster); a cost is the row's time in units of
+    something else (a decode step, one sample). A row with no ratio is a baseline."""
+    against, ratio = row["against"], row["ratio"]
+    if ratio is None:
+        return "", "", ""
+    if against.startswith("faster than "):
+        return f"{ratio:.2f}x", "", against[len("faster than "):]
+    if against.startswith("slower than "):  # the row's time over the other's: its speed is the inverse
+        return f"{1 / ratio:.2f}x", "", against[len("slower than "):]
+    if against == "Hugging Face's tokens/s":
+        return f"{ratio:.2f}x", "", "Hugging Face"
+    return "", f"{ratio:.2f}", against
+
+
 def run_markdown(run: dict) -> str:
     """A bench run as the benchmarks page shows it: the machine, then one table per section of
-    the run, in its order (what ``python -m logitlab.bench`` prints, split by section)."""
-    from .bench.table import Table
-
+    the run, in its order, each row's settings in a column of their own and every ratio read
+    one way (:func:`reading`)."""
     sections = list(dict.fromkeys(r.get("section", "") for r in run["rows"]))
     parts = [f"Machine: {run['machine']}."]
     for section in sections:
-        rows = [r for r in run["rows"] if r.get("section", "") == section]
-        parts.append((f"### {section}\n\n" if section else "") + Table(rows).markdown())
+        lines = ["| method | settings | median time | speed (above 1: faster) | cost | relative to |",
+                 "|:---|:---|---:|---:|---:|:---|"]
+        for r in run["rows"]:
+            if r.get("section", "") == section:
+                method, settings = split_label(r["measurement"])
+                speed, cost, relative = reading(r)
+                lines.append(f"| {method} | {settings} | {r['seconds'] * 1000:.1f} ms | {speed} | {cost} | {relative} |")
+        parts.append((f"### {section}\n\n" if section else "") + "\n".join(lines))
     return "\n\n".join(parts) + "\n"
 
 
