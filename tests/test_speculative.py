@@ -407,18 +407,44 @@ def test_run_statistics_count_the_passes_and_time_them():
 
 
 def test_pooled_alpha_weighs_every_examined_draft_once():
-    from logitlab.speculative import SpeculativeResult, examined_drafts, pooled_alpha
+    from logitlab.speculative import SpeculativeResult, call_counts, examined_drafts, pooled_alpha
 
-    def run(accepted, drafted):
+    def run(calls, drafted):  # calls: per call, per row, (drafts accepted, tokens the output keeps)
+        counts = [[call_counts(n, k, g) for n, k in row] for row, g in zip(calls, drafted)]
         return SpeculativeResult(sequences=[], new_tokens=[torch.zeros(1)], logprobs=[], raw_logprobs=[],
-                                 finish_reasons=["length"], prompt_index=[0], accepted=accepted, drafted=drafted)
+                                 finish_reasons=["length"], prompt_index=[0], drafted=drafted,
+                                 accepted=[[a for a, _ in c] for c in counts], examined=[[e for _, e in c] for c in counts])
 
     # Run 1: one call of 3 drafts, 1 accepted (2 examined: the accepted one and the rejected
     # one); run 2: two calls of 2 drafts, both accepted (2 examined), then the first rejected (1).
-    a, b = run([[1]], [3]), run([[2], [0]], [2, 2])
+    a, b = run([[(1, 2)]], [3]), run([[(2, 3)], [(0, 1)]], [2, 2])
     assert a.alpha == pytest.approx(1 / 2) and b.alpha == pytest.approx(2 / 3)
     assert pooled_alpha([a, b]) == pytest.approx(3 / 5)  # not the mean of 1/2 and 2/3
     assert examined_drafts([a]) == 2 and examined_drafts([b]) == 3 and examined_drafts([a, b]) == 5
+    # A call whose output ends (EOS) after its second of 4 accepted drafts: 2 accepted of 2 examined.
+    assert call_counts(4, 2, 4) == (2, 2) and call_counts(4, 5, 4) == (4, 4) and call_counts(1, 2, 4) == (1, 2)
+    assert call_counts(1, 1, 4) == (1, 1) and call_counts(0, 1, 4) == (0, 1) and call_counts(0, 0, 0) == (0, 0)
+
+
+@pytest.mark.parametrize("loop", ["chain", "single call"])
+def test_acceptance_counts_no_draft_after_the_end_of_the_text(smollm, loop):
+    # A drafter that is the target itself: every draft is accepted. The end-of-sequence token is
+    # the third greedy token, inside the first call's drafts: the drafts after it are not output,
+    # and counting them (as accepted, or as examined) would misstate the rate.
+    model, tokenizer = smollm
+    greedy = ll.generate(model, PROMPTS[:1], tokenizer=tokenizer, max_new_tokens=6, temperature=0, eos_token_id=[])
+    eos = greedy.new_tokens[0][2].item()
+    assert eos not in greedy.new_tokens[0][:2].tolist()
+    if loop == "chain":
+        out = speculative_generate(model, DraftModelDrafter(model), PROMPTS[:1], tokenizer=tokenizer, gamma=4,
+                                   max_new_tokens=24, temperature=0, eos_token_id=eos)
+    else:
+        out = ll.lookahead.pass_generate(model, ll.lookahead.load_pretrained(model), PROMPTS[0], tokenizer=tokenizer,
+                                         max_new_tokens=24, temperature=0, eos_token_id=eos)
+    assert out.new_tokens[0].tolist() == greedy.new_tokens[0][:3].tolist()
+    if loop == "chain":  # the prefill gives token 1; the one call drafts 2-5, all accepted, and keeps 2-3
+        assert out.accepted == [[2]] and out.examined == [[2]] and out.alpha == 1.0
+    assert sum(map(sum, out.accepted)) <= len(out.new_tokens[0]) - 1 and out.alpha <= 1.0
 
 
 def test_acceptance_counts_by_position_on_a_hand_made_record():

@@ -296,12 +296,26 @@ def constraint_rows(constraint, prompts: int, copies: int, max_new_tokens: int) 
     return [c for c in constraint for _ in range(copies)]
 
 
+def state_after(constraint, state: int, token: int, tokens_left: int) -> int:
+    """The state after ``token`` where ``constraint`` allows it with ``tokens_left`` tokens to go
+    (this one included), as ``allowed`` says; -1 (off the pattern, where only EOS is allowed)
+    where it does not, the budget included, so the next position always keeps a token. A row
+    without a constraint (None) keeps its state."""
+    if constraint is None:
+        return state
+    if token in constraint.eos:
+        return state if constraint.is_complete(state) else -1
+    moved = constraint.next_state(state, token)
+    return moved if moved >= 0 and int(constraint.index.remaining[moved]) < tokens_left else -1
+
+
 class LookAhead:
     """The automaton state of each row while a loop looks ahead of what it has kept: the
     drafts of speculative decoding, which the drafter proposes and the target scores position
     by position. ``mask`` the logits of the next position, ``advance`` by the tokens placed
     there. A token the constraint forbids (a drafter that ignores it) sends its row off the
-    pattern (-1), where only EOS is allowed: the target then rejects that draft."""
+    pattern (-1), where only EOS is allowed: the target then rejects that draft. ``tree`` gives
+    the state of every node of a tree of drafts, each after the path that leads to it."""
 
     def __init__(self, constraints, states, tokens_left):
         self.constraints, self.states, self.tokens_left = list(constraints), list(states), list(tokens_left)
@@ -313,6 +327,22 @@ class LookAhead:
         return LookAhead(self.constraints, self.states, self.tokens_left)
 
     def advance(self, tokens: torch.Tensor) -> None:
-        self.states = [c.next_state(s, t) if c is not None else s
-                       for c, s, t in zip(self.constraints, self.states, tokens.tolist())]
+        self.states = [state_after(c, s, t, left)
+                       for c, s, t, left in zip(self.constraints, self.states, tokens.tolist(), self.tokens_left)]
         self.tokens_left = [left - 1 for left in self.tokens_left]
+
+    def tree(self, tokens: torch.Tensor, parents: list[list[int]]) -> "LookAhead":
+        """Every node of each row's tree as a row of its own (``B * n`` rows, row b's nodes in
+        order), in the state after the tokens on the path from the root to it. ``tokens`` ``[B, n]``
+        and ``parents`` one list per row, in ``logitlab.tree_verification``'s form: node 0 is the
+        root, the token this look-ahead already stands after."""
+        constraints, states, tokens_left = [], [], []
+        for c, state, left, row, ids in zip(self.constraints, self.states, self.tokens_left, parents, tokens.tolist()):
+            node_states, node_left = [state], [left]
+            for parent, token in zip(row[1:], ids[1:]):
+                node_states.append(state_after(c, node_states[parent], token, node_left[parent]))
+                node_left.append(node_left[parent] - 1)
+            constraints += [c] * len(row)
+            states += node_states
+            tokens_left += node_left
+        return LookAhead(constraints, states, tokens_left)

@@ -68,7 +68,9 @@ class Drafter:
     # ``logitlab.constrained.LookAhead``. A drafter that samples its proposals token by token
     # passes its logits through ``constrained`` and its tokens to ``drafted``, so that it
     # proposes only tokens the constraint allows (its q is then the masked distribution). A
-    # drafter that ignores it stays exact: the target rejects what the constraint forbids.
+    # drafter that ignores it stays exact: the target rejects what the constraint forbids. The
+    # tree drafters (EAGLE's and Medusa's trees) ignore it: the loop masks the target after each
+    # node in the state after that node's path (``LookAhead.tree``), and a forbidden node is rejected.
     constraint = None
 
     def constrained(self, logits: torch.Tensor) -> torch.Tensor:

@@ -43,7 +43,7 @@ from .decoding import (check_body_and_head, check_counts, crop_cache, draw, eos_
 from .devices import model_device, now
 from .drafter import Drafter
 from .sampling import SamplingConfig
-from .speculative import Outputs, RejectionSampling, SpeculativeResult
+from .speculative import Outputs, RejectionSampling, SpeculativeResult, call_counts
 from .tree import tree_attention_mask, tree_position_ids
 
 # Written by ``python -m logitlab.training.lookahead``: 8 look-ahead embeddings for SmolLM2-135M.
@@ -251,14 +251,16 @@ def pass_generate(target, lookahead: LookaheadEmbeddings, input_ids, *, max_new_
     began, out = now(device), Outputs(1, eos, max_new_tokens)
     state = _SingleCall(target, lookahead, config, generator, prefixes)
     state.prefill(ids, min(lookahead.k, max_new_tokens - 1), out)
-    stats = dict(model_calls=1, accepted=[], drafted=[], verify_seconds=0.0, step_seconds=[],
+    stats = dict(model_calls=1, accepted=[], examined=[], drafted=[], verify_seconds=0.0, step_seconds=[],
                  prefill_seconds=now(device) - began)
     while not out.finished([0])[0]:
-        t0 = now(device)
-        num, m = state.call(max_new_tokens - len(out.tokens[0]), out)
+        t0, before = now(device), len(out.tokens[0])
+        num, m = state.call(max_new_tokens - before, out)
         seconds = now(device) - t0
         stats["model_calls"] += 1
-        stats["accepted"].append([num])
+        accepted, examined = call_counts(num, out.kept_since([0], [before])[0], m)
+        stats["accepted"].append([accepted])
+        stats["examined"].append([examined])
         stats["drafted"].append(m)
         stats["verify_seconds"] += seconds
         stats["step_seconds"].append(seconds)

@@ -125,7 +125,7 @@ def _check_heads(heads, target):
 
 def medusa_generate(target, heads: MedusaHeads, input_ids, *, branching=(3, 2, 1), max_new_tokens: int,
                     temperature: float = 0.0, acceptance=None, eos_token_id=None, tokenizer=None,
-                    generator: torch.Generator | None = None) -> SpeculativeResult:
+                    generator: torch.Generator | None = None, constraint=None) -> SpeculativeResult:
     """Generate with Medusa heads, verifying a tree of their guesses per target call: the loop of
     ``ll.speculative_generate`` with ``ll.drafters.MedusaDrafter(heads, tree=branching)``.
 
@@ -135,6 +135,8 @@ def medusa_generate(target, heads: MedusaHeads, input_ids, *, branching=(3, 2, 1
     Above 0, ``acceptance`` is rejection sampling by default (exact: recursive rejection over the
     siblings, each guess a point mass since the heads' top tokens are chosen, not sampled), or
     ``ll.TypicalAcceptance(...)``, applied to each node. The deepest accepted node wins.
+    ``constraint`` as in ``ll.speculative_generate``: each node is verified against the target
+    masked in the state after its own path, and a guess the constraint forbids is rejected.
     """
     check_body_and_head(target)
     _check_heads(heads, target)
@@ -146,4 +148,4 @@ def medusa_generate(target, heads: MedusaHeads, input_ids, *, branching=(3, 2, 1
     return speculative_generate(target, MedusaDrafter(heads, tree=tuple(branching)), input_ids,
                                 gamma=len(branching), max_new_tokens=max_new_tokens, temperature=temperature,
                                 acceptance=acceptance, eos_token_id=eos_token_id, tokenizer=tokenizer,
-                                generator=generator)
+                                generator=generator, constraint=constraint)

@@ -101,11 +101,23 @@ def pooled_alpha(results) -> float:
     return accepted / max(1, examined_drafts(results))
 
 
+def call_counts(num: int, kept: int, g: int) -> tuple[int, int]:
+    """``(accepted, examined)`` drafts of one row in one call that accepted ``num`` of its ``g``
+    drafts and whose output keeps ``kept`` of the tokens the call gave it. A call examines its
+    drafts up to the first rejection (all of them if none is rejected); when the output ends
+    inside the accepted drafts (an EOS, or ``max_new_tokens``), the drafts after the end count
+    neither as accepted nor as examined: the acceptance rate describes the text returned."""
+    if kept <= num:
+        return kept, kept
+    return num, min(num + 1, g)
+
+
 def examined_drafts(results) -> int:
     """How many drafts the target examined over several runs: in each call and row, those it
-    accepted and the first it rejected (the drafts after a rejection are never looked at). The
-    count behind :func:`pooled_alpha`, and what its statistical uncertainty depends on."""
-    return sum(min(n + 1, g) for r in results for nums, g in zip(r.accepted, r.drafted) for n in nums)
+    accepted and the first it rejected (the drafts after a rejection are never looked at), as
+    the loop recorded them (:func:`call_counts`). The count behind :func:`pooled_alpha`, and
+    what its statistical uncertainty depends on."""
+    return sum(n for r in results for nums in r.examined for n in nums)
 
 
 # --- One verification step ---------------------------------------------------------------------
@@ -230,7 +242,10 @@ class SpeculativeResult(GenerationResult):
     statistics. ``logprobs`` are under the target's processed distribution ``p``."""
 
     drafter_steps: int = 0  # the drafter's steps (Drafter.steps), its prompt counted as one
-    accepted: list[list[int]] = field(default_factory=list)  # per call: drafts accepted, per active row
+    # Per call, per active row: drafts accepted, and drafts examined (see call_counts: only those
+    # the output keeps, none after its EOS).
+    accepted: list[list[int]] = field(default_factory=list)
+    examined: list[list[int]] = field(default_factory=list)
     drafted: list[int] = field(default_factory=list)  # per call: drafts proposed per row (g)
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
@@ -302,6 +317,17 @@ class Outputs:
             self.tokens[r] += toks[:c]
             self.raw[r] += lr[:c]
             self.sampled[r] += ls[:c]
+
+    def kept_since(self, rows: list[int], before: list[int]) -> list[int]:
+        """How many of the tokens each of ``rows`` got since it held ``before`` tokens survive
+        the cut at its first EOS and at ``max_new_tokens``: drafts after the cut are not output,
+        so an acceptance rate must not count them."""
+        kept = []
+        for r, b in zip(rows, before):
+            new = self.tokens[r][b:]
+            stop = next((i + 1 for i, t in enumerate(new) if t in self.eos), len(new))
+            kept.append(max(0, min(stop, self.max_new_tokens - b)))
+        return kept
 
     def finished(self, rows: list[int]) -> list[bool]:
         """Cut each of ``rows`` at its first EOS or at max_new_tokens; which of them are done."""
@@ -433,7 +459,8 @@ def speculative_generate(
     exactly, for any drafter. Prompts as in ``ll.generate``; rows of a batch advance independently.
     ``constraint`` (a ``logitlab.Constraint``, or one per prompt) masks the target at every
     position as ``ll.generate`` does, so the output follows the *masked* target exactly; drafters
-    that sample token by token (a draft model, EAGLE's chain) draft under the same mask.
+    that sample token by token (a draft model, EAGLE's chain) draft under the same mask. A tree's
+    nodes are each masked in the state after their own path (a forbidden node is rejected).
     """
     config = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p)
     gamma = check_gamma(gamma)
@@ -448,7 +475,8 @@ def speculative_generate(
     constraints = constraint_rows(constraint, len(ids), n, max_new_tokens)
     ids, mask = ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0)
     began, out, side = now(device), Outputs(len(ids), eos, max_new_tokens), _Target(target, drafter)
-    stats = dict(model_calls=1, accepted=[], drafted=[], draft_seconds=0.0, verify_seconds=0.0, step_seconds=[])
+    stats = dict(model_calls=1, accepted=[], examined=[], drafted=[], draft_seconds=0.0, verify_seconds=0.0,
+                 step_seconds=[])
 
     pending = _first_token(side, acceptance, ids, mask, config, generator, out, look_ahead(out, constraints))
     active = list(range(len(ids)))
@@ -499,15 +527,13 @@ def _first_token(side, acceptance, ids, mask, config, generator, out, look) -> t
 def _call(side, drafter, acceptance, pending, gamma, config, generator, out, active, stats, look) -> torch.Tensor:
     """One call of the loop: draft, verify in one target pass, keep a prefix, roll back.
     Returns each row's new pending token."""
-    device = pending.device
+    device, before = pending.device, [len(out.tokens[r]) for r in active]
     t0 = now(device)
     drafter.constraint = None if look is None else look.copy()
     proposal = drafter.propose(pending, gamma, config, generator)
     t1 = now(device)
-    if isinstance(proposal, DraftTree) and look is not None:
-        raise ValueError("a constraint works with drafters that propose chains; tree drafts are not masked yet")
     if isinstance(proposal, DraftTree):
-        num, nxt = _tree_call(side, acceptance, pending, proposal, config, generator, out, active)
+        num, nxt = _tree_call(side, acceptance, pending, proposal, config, generator, out, active, look)
         g = proposal.depth
     else:
         drafts, q = proposal
@@ -528,7 +554,9 @@ def _call(side, drafter, acceptance, pending, gamma, config, generator, out, act
     drafter.rollback(num)
     t2 = now(device)
     stats["model_calls"] += 1
-    stats["accepted"].append(num.tolist())
+    counts = [call_counts(n, k, g) for n, k in zip(num.tolist(), out.kept_since(active, before))]
+    stats["accepted"].append([a for a, _ in counts])
+    stats["examined"].append([e for _, e in counts])
     stats["drafted"].append(g)
     stats["draft_seconds"] += t1 - t0
     stats["verify_seconds"] += t2 - t1
@@ -547,12 +575,17 @@ def _masked_positions(look, logits, drafts) -> torch.Tensor:
     return torch.stack(masked, dim=1)
 
 
-def _tree_call(side, acceptance, pending, tree, config, generator, out, active):
+def _tree_call(side, acceptance, pending, tree, config, generator, out, active, look):
     """The verification of a ``DraftTree``: one target pass over every row's tree, each row's path
-    chosen by ``acceptance.tree``, the cache compacted to the paths. Returns ``(num, next)``."""
+    chosen by ``acceptance.tree``, the cache compacted to the paths. Returns ``(num, next)``.
+    Under a constraint (``look``), the target after each node is masked in the state after that
+    node's own path, as the chain masks each position: a node the constraint forbids has
+    probability 0 under its parent's ``p``, so it is always rejected."""
     rows = tree.rows()
     tokens = torch.cat([pending[:, None], tree.tokens], dim=1)  # [B, n + 1]: the root first
     logits = side.score_tree(tokens, rows)  # [B, n + 1, V]: the target after each node
+    if look is not None:
+        logits = look.tree(tokens, rows).mask(logits.flatten(0, 1)).view_as(logits)
     p = target_probs(logits, config)
     q = None if tree.q is None else torch.cat([tree.q[:, :1], tree.q], dim=1)  # the root's row is not used
     paths, nxt = [], []
