@@ -12,6 +12,7 @@ from transformers import LogitsProcessorList
 
 import logitlab as ll
 from logitlab.constrained import Constraint, vocabulary_bytes
+from logitlab.json_schema import JSON_WHITESPACE
 from logitlab.regex_automaton import compile_regex, utf8_ranges
 
 STRING = r'"([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"'
@@ -32,7 +33,27 @@ def test_the_byte_automaton_accepts_what_python_re_fullmatches(pattern):
                "me@site.com", "ababcd", "+.5", "  word"]
     strings += ["".join(rng.choices(ALPHABET, k=rng.randint(0, 6))) for _ in range(3000)]
     for s in strings:
-        assert dfa.matches(s.encode()) == bool(re.fullmatch(pattern, s)), (pattern, s)
+        assert dfa.matches(s.encode()) == bool(re.fullmatch(pattern, s, flags=re.ASCII)), (pattern, s)
+
+
+# Characters on which re's Unicode classes (its default for str patterns) and its ASCII ones differ:
+# digits of other scripts, letters, non-breaking and other spaces; and ASCII ones around them.
+LOOKALIKES = ["\u0663", "\u0969", "\uff13", "\u00e9", "\u00df", "\u00a0", "\v", "\f", "\u2028", "\u216b",
+              "\u3000", "_", "7", "a", "Z", " ", "\t", "\n", "\r", "-", "\U0001D7D9"]
+
+
+@pytest.mark.parametrize("pattern", [r"\d", r"\w", r"\s", r"\D", r"\W", r"\S", r"[\d\s]+", r"[^\w]*", r"\d+\s?\w*",
+                                     r"[\D]", r"[^\S]", r"\S\W\D", r"[\w-]{2}"])
+def test_class_escapes_are_the_ascii_classes_of_re(pattern):
+    """``\\d \\w \\s`` and their negations match what ``re`` matches with ``re.ASCII``; the
+    strings include characters where ``re``'s default (Unicode) classes say otherwise, so an
+    automaton with Unicode classes would fail here."""
+    dfa = compile_regex(pattern)
+    rng = random.Random(0)
+    strings = LOOKALIKES + ["".join(rng.choices(LOOKALIKES, k=rng.randint(0, 4))) for _ in range(2000)]
+    for s in strings:
+        assert dfa.matches(s.encode()) == bool(re.fullmatch(pattern, s, flags=re.ASCII)), (pattern, s)
+    assert any(bool(re.fullmatch(pattern, s)) != bool(re.fullmatch(pattern, s, flags=re.ASCII)) for s in strings)
 
 
 def test_the_automaton_is_minimal_and_pruned():
@@ -61,7 +82,7 @@ def test_utf8_ranges_cover_exactly_the_code_points(lo, hi):
 @pytest.mark.parametrize("pattern,match", [
     ("(ab", "missing '\\)'"), ("ab)", "unbalanced"), ("*a", "nothing to repeat"), (r"(a)\1", "backreferences"),
     ("(?=a)b", "lookarounds"), ("^ab$", "anchors"), ("a{3,1}", "maximum below"), ("[z-a]", "bad character range"),
-    (r"\p{L}", "escape"), ("a{2000}", "counts above"), (r"[^\s\S]", "matches no string"), (3, "must be a str"),
+    (r"\p{L}", "escape"), (r"\01", "octal escapes"), ("a{2000}", "counts above"), (r"[^\s\S]", "matches no string"), (3, "must be a str"),
 ])
 def test_bad_patterns_raise(pattern, match):
     with pytest.raises(ValueError, match=match):
@@ -168,8 +189,8 @@ def walk(dfa, state, data: bytes) -> list[int]:
 @pytest.mark.parametrize("pattern", ORACLE_PATTERNS)
 def test_allowed_sets_equal_outlines_core(smollm2, pattern):
     """Along 12 random walks, our allowed set equals outlines-core's at every state, with one
-    exception, checked token by token: outlines-core (0.2.14) leaves out every token whose
-    walk passes an accepting state and then ends in a state that is not accepting, although a
+    exception, checked token by token: outlines-core (0.2.14) leaves out every token after which
+    the output before the token's last byte matches and the output with it does not, although a
     match can follow it ("." after "5" for a decimal number; a lead byte alone where any
     character may follow). Each such extra token of ours is shown completable: its bytes, then
     the shortest bytes our automaton finds to an accepting state, make a string that
@@ -193,8 +214,7 @@ def test_allowed_sets_equal_outlines_core(smollm2, pattern):
             assert their_set <= mine, (pattern, text, sorted(their_set - mine)[:5])
             for extra in sorted(mine - their_set)[::7]:  # every seventh, to keep the test short
                 visited = walk(dfa, state, vocab[extra])
-                assert any(dfa.accepting[s] for s in visited[:-1]) and not dfa.accepting[visited[-1]], \
-                    (pattern, text, vocab[extra])
+                assert dfa.accepting[visited[-2]] and not dfa.accepting[visited[-1]], (pattern, text, vocab[extra])
                 assert re.fullmatch(pattern, (text + vocab[extra] + tails[visited[-1]]).decode()), (text, extra)
             states += 1
             choices = sorted(mine - {tokenizer.eos_token_id} & their_set)
@@ -203,6 +223,51 @@ def test_allowed_sets_equal_outlines_core(smollm2, pattern):
             token = rng.choice(choices)
             state, theirs, text = ours.next_state(state, token), oracle.get_next_state(theirs, token), text + vocab[token]
     assert states >= 12
+
+
+@pytest.mark.parametrize("pattern,alphabet", [
+    (r"-?(0|[1-9][0-9]*)(\.[0-9]+)?", ["-", "0", "5", ".", "5.", "55", ".5", "5.5", "0.", "-5."]),
+    (r"a(bcd)?", ["a", "b", "c", "d", "ab", "abc", "abcd", "bc", "bcd", "cd"]),
+    (r"(ab)*c?", ["a", "b", "c", "ab", "aba", "abab", "ba", "bc", "abc"]),
+    ("(é|x)+", ["x", "xx", "é", "x\xc3", "\xc3", "\xa9", "\xa9x"]),
+])
+def test_what_outlines_core_leaves_out_on_a_small_vocabulary(pattern, alphabet):
+    """Exactly the tokens after which the output before the token's last byte matches and the
+    output with it does not: in every state reachable with these tokens, outlines-core allows our
+    set less those. (``abc`` in ``a(bcd)?`` passes an accepting state, ends in one that is not,
+    and is kept; ``ab`` is left out.)"""
+    outlines_core = pytest.importorskip("outlines_core")
+    vocab = [a.encode("latin-1") if "\xc3" in a or "\xa9" in a else a.encode() for a in alphabet] + [None]
+    eos = len(vocab) - 1
+    oracle = outlines_core.Index(pattern, outlines_core.Vocabulary(eos, {d: [i] for i, d in enumerate(vocab) if d}))
+    ours = Constraint(pattern, vocab=vocab, eos_token_id=eos)
+    seen, todo, left_out = set(), [(0, oracle.get_initial_state(), 0)], 0
+    while todo:
+        state, theirs, depth = todo.pop()
+        if (state, theirs) in seen or depth > 4:
+            continue
+        seen.add((state, theirs))
+        mine = set(ours.allowed(state).tolist())
+        lost = set()
+        for token in mine - {eos}:
+            visited = walk(ours.dfa, state, vocab[token])
+            if ours.dfa.accepting[visited[-2]] and not ours.dfa.accepting[visited[-1]]:
+                lost.add(token)
+        assert set(oracle.get_allowed_tokens(theirs) or []) == mine - lost, (pattern, state)
+        left_out += len(lost)
+        todo += [(ours.next_state(state, t), oracle.get_next_state(theirs, t), depth + 1) for t in mine - lost - {eos}]
+    assert left_out > 0
+
+
+def test_outlines_core_follows_the_order_of_alternatives():
+    """Where an earlier alternative is a prefix of a later one, outlines-core ends the match with
+    the earlier: ``x|xyz`` lets only ``x`` start, ``xyz|x`` both. The automaton here takes both."""
+    outlines_core = pytest.importorskip("outlines_core")
+    vocab = [b"x", b"y", b"z", b"xyz", None]
+    for pattern, theirs in ((r"x|xyz", {0}), (r"xyz|x", {0, 3})):
+        oracle = outlines_core.Index(pattern, outlines_core.Vocabulary(4, {d: [i] for i, d in enumerate(vocab) if d}))
+        assert set(oracle.get_allowed_tokens(oracle.get_initial_state())) == theirs
+        assert allowed(Constraint(pattern, vocab=vocab, eos_token_id=4), 0) == [0, 3]
 
 
 def shortest_tails(dfa) -> dict[int, bytes]:
@@ -412,7 +477,27 @@ def test_json_schema_regex_accepts_valid_documents_and_rejects_others():
     for document in bad:
         assert not re.fullmatch(pattern, json.dumps(document, ensure_ascii=False)), document
     assert not re.fullmatch(pattern, json.dumps(good, indent=2))  # newlines are not in the default whitespace
-    assert re.fullmatch(to_regex(PERSON, whitespace=r"\s*"), json.dumps(good, indent=2))
+    loose = to_regex(PERSON, whitespace=JSON_WHITESPACE)
+    for indent in (2, "\t", "\r\n "):  # every JSON whitespace character, in any amount
+        assert re.fullmatch(loose, json.dumps(good, indent=indent, ensure_ascii=False))
+    for other in ("\v", "\f", "\u00a0"):  # whitespace to Python's \s, not to JSON
+        text = json.dumps(good, indent=2, ensure_ascii=False).replace("\n", "\n" + other)
+        assert not re.fullmatch(loose, text)
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(text)
+
+
+def test_the_whitespace_may_match_only_json_whitespace():
+    from logitlab.json_schema import to_regex
+    schema = {"type": "array", "items": {"type": "integer"}, "maxItems": 1}
+    assert to_regex(schema, whitespace=r"[ \t]?") == r"\[[ \t]?(-?(0|[1-9][0-9]*)([ \t]?,[ \t]?-?(0|[1-9][0-9]*)){0,0})?[ \t]?\]"
+    for whitespace in (r"\s*", r"[ \v]?", r"\s?", "[ ]|x", r"[^a]*"):
+        with pytest.raises(ValueError, match="whitespace must match only JSON's whitespace"):
+            to_regex(schema, whitespace=whitespace)
+    with pytest.raises(ValueError, match=r"whitespace: pattern '\(': missing"):
+        to_regex(schema, whitespace="(")
+    with pytest.raises(ValueError, match="whitespace must be a regular expression"):
+        to_regex(schema, whitespace=None)
 
 
 @pytest.mark.parametrize("schema,match", [
@@ -425,11 +510,144 @@ def test_json_schema_regex_accepts_valid_documents_and_rejects_others():
     ({"type": "array", "minItems": 3, "maxItems": 1}, "maxItems is below"),
     ({"type": "array", "items": {"type": "array", "items": {"type": "array"}}}, "max_depth"),
     ("string", "must be a dict"),
+    # A keyword the type does not honour raises, whether JSON Schema applies it to the type or not.
+    ({"type": "number", "minimum": 0}, "'minimum' is not supported for type 'number' \\(it applies to it but"),
+    ({"type": ["integer", "number"], "minimum": 0}, "'minimum' is not supported for type 'number'"),
+    ({"type": "integer", "maxLength": 3}, "'maxLength' is not supported for type 'integer' \\(it does not apply"),
+    ({"type": "boolean", "items": {"type": "string"}}, "'items' is not supported for type 'boolean'"),
+    ({"type": "string", "minItems": 1}, "'minItems' is not supported for type 'string'"),
+    ({"type": ["string", "null"], "minimum": 1}, "'minimum' applies to none of the types"),
+    ({"type": "string", "format": "date", "maxLength": 4}, "'maxLength' beside format"),
+    ({"enum": ["a", "b"], "maxLength": 1}, "'maxLength' beside const or enum"),
+    ({"const": 3, "minimum": 5}, "'minimum' beside const or enum"),
+    ({"enum": [1, "a"], "type": "integer"}, "the value 'a' is not of type 'integer'"),
+    ({"const": 1, "enum": [1]}, "const and enum together"),
+    ({"enum": []}, "enum must be a non-empty list"),
+    ({"anyOf": [{"type": "string"}], "maxLength": 2}, "'maxLength' beside anyOf"),
+    ({"anyOf": []}, "anyOf must be a non-empty list"),
+    ({"type": []}, "non-empty list"),
+    ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a", "b"]},
+     "required names 'b', which is not in properties"),
+    ({"type": "object", "required": ["a"]}, "required names 'a'"),
+    ({"type": "object", "properties": {}, "additionalProperties": {"type": "string"}}, "additionalProperties must be"),
+    ({"type": "string", "minLength": -1}, "minLength must be a whole number >= 0"),
+    ({"type": "string", "maxLength": 2.5}, "maxLength must be a whole number"),
+    ({"type": "string", "minLength": 3, "maxLength": 2}, "maxLength is below minLength"),
+    ({"type": "integer", "minimum": True}, "minimum True"),
+    ({"const": float("nan")}, "is not JSON"),
 ])
 def test_schemas_outside_the_subset_raise(schema, match):
     from logitlab.json_schema import to_regex
     with pytest.raises(ValueError, match=match):
         to_regex(schema, max_depth=2)
+
+
+def test_max_depth_is_checked():
+    from logitlab.json_schema import to_regex
+    with pytest.raises(ValueError, match="max_depth must be an integer >= 0"):
+        to_regex({"type": "string"}, max_depth=-1)
+
+
+def test_keywords_go_to_the_types_they_apply_to():
+    from logitlab.json_schema import to_regex
+    assert to_regex({"type": ["integer", "null"], "minimum": 1}) == "([1-9][0-9]*|null)"
+    assert to_regex({"type": ["string", "null"], "maxLength": 2, "title": "t"}) == \
+        '("' + to_regex({"type": "string"})[1:-2] + '{0,2}"|null)'
+    assert to_regex({"type": "boolean", "description": "annotations change nothing"}) == "(true|false)"
+    assert to_regex({"enum": [1, 2.0], "type": "integer"}) == "(1|2\\.0)"
+    assert to_regex({"type": "object", "properties": {}, "additionalProperties": False}) == r"\{[ ]?[ ]?\}"
+
+
+def test_no_surrogate_escape_is_written():
+    """A pair of surrogate escapes is one character to JSON (and to ``minLength``), a lone one
+    is not a character at all (UTF-8 cannot encode it), so string patterns write characters past
+    U+FFFF as themselves."""
+    from logitlab.json_schema import to_regex
+    pattern = to_regex({"type": "string", "minLength": 2})
+    pair = '"\\ud83d\\ude00"'
+    assert len(json.loads(pair)) == 1 and not re.fullmatch(pattern, pair)
+    assert not re.fullmatch(pattern, '"\\ud800x"') and not re.fullmatch(pattern, '"x\\uDFFF"')
+    for text in ('"\\u00e9\\uD7FF"', '"\\uE000\U0001F600"', '"\\ucafe\\n"'):
+        assert re.fullmatch(pattern, text) and len(json.loads(text)) == 2, text
+
+
+def test_the_date_format_has_the_days_of_each_month():
+    """Every day of every month of years around the leap-year rules, against ``datetime``."""
+    import datetime
+    from logitlab.json_schema import to_regex
+    pattern = to_regex({"type": "string", "format": "date"})
+    for year in (1, 4, 10, 100, 400, 1000, 1900, 1996, 2000, 2023, 2024, 2100, 2400, 9996, 9999):
+        for month in range(0, 14):
+            for day in range(0, 33):
+                try:
+                    valid = datetime.date(year, month, day) is not None
+                except ValueError:
+                    valid = False
+                text = f'"{year:04d}-{month:02d}-{day:02d}"'
+                assert bool(re.fullmatch(pattern, text)) == valid, text
+    assert not re.fullmatch(pattern, '"0000-01-01"')  # Python's dates start at year 1
+    assert re.fullmatch(pattern, '"0001-01-01"') and re.fullmatch(pattern, '"0400-02-29"')
+    assert not re.fullmatch(pattern, '"0300-02-29"') and not re.fullmatch(pattern, '"2024-1-01"')
+
+
+def random_matches(pattern: str, count: int, seed: int = 0, stop: float = 0.15, max_bytes: int = 120) -> list[str]:
+    """``count`` strings that the byte automaton of ``pattern`` accepts, by random walks: at each
+    state a random next state, then a random byte that leads there; once ``max_bytes`` are out,
+    only moves that bring an accepting state closer."""
+    dfa = compile_regex(pattern)
+    table = dfa.table.tolist()
+    distance = [0 if a else None for a in dfa.accepting.tolist()]  # fewest bytes to an accepting state
+    changed = True
+    while changed:
+        changed = False
+        for state, row in enumerate(table):
+            best = min((distance[n] + 1 for n in row if n >= 0 and distance[n] is not None), default=None)
+            if best is not None and (distance[state] is None or best < distance[state]):
+                distance[state], changed = best, True
+    rng, out = random.Random(seed), []
+    for _ in range(count):
+        state, data = 0, bytearray()
+        while True:
+            moves = {}
+            for byte, nxt in enumerate(table[state]):
+                if nxt >= 0 and (len(data) < max_bytes or distance[nxt] < distance[state]):
+                    moves.setdefault(nxt, []).append(byte)
+            if distance[state] == 0 and (not moves or rng.random() < stop):
+                break
+            byte = rng.choice(moves[rng.choice(sorted(moves))])
+            data.append(byte)
+            state = table[state][byte]
+        out.append(data.decode())
+    return out
+
+
+NESTED = {"type": "object", "properties": {
+    "when": {"type": "string", "format": "date"},
+    "id": {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "string", "minLength": 2, "maxLength": 4}]},
+    "kind": {"enum": ["a\"b", 3, None, True, [1, "x"], {"k": "é"}]},
+    "fixed": {"const": {"x": [1.5]}},
+    "grid": {"type": "array", "minItems": 1, "maxItems": 2,
+             "items": {"type": "array", "items": {"type": ["number", "null"]}, "maxItems": 3}},
+    "note": {"type": ["string", "boolean"], "maxLength": 3}},
+    "required": ["when", "id", "kind", "fixed", "grid", "note"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("schema", [PERSON, NESTED], ids=["person", "nested"])
+@pytest.mark.parametrize("whitespace", [r"[ ]?", JSON_WHITESPACE])
+def test_every_string_the_pattern_matches_parses_and_validates(schema, whitespace):
+    """An oracle without a model: random strings that the compiled pattern accepts are read by
+    ``json.loads`` and pass ``jsonschema`` (formats checked too)."""
+    import jsonschema
+    from logitlab.json_schema import to_regex
+    pattern = to_regex(schema, whitespace=whitespace)
+    texts = random_matches(pattern, 150)
+    checker = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
+    for text in texts:
+        assert re.fullmatch(pattern, text)
+        checker.validate(json.loads(text))
+    assert len(set(texts)) > 140  # the walks reach many different documents
+    if whitespace == JSON_WHITESPACE:  # and they use all four whitespace characters
+        assert set(" \t\n\r") <= {c for text in texts for c in text if c.isspace()} - {"\xa0"}
 
 
 @pytest.mark.slow
@@ -451,6 +669,32 @@ def test_every_sampled_json_document_parses_and_validates(smollm2):
 
 
 # -- Masking is not conditioning -------------------------------------------------------------
+
+def test_equal_z_i_at_every_step_do_not_make_masking_conditioning():
+    """Chapter 10's counterexample, exactly: outputs A+EOS and AB+EOS, every Z_i = 1/2. The model
+    gives them 1/8 and 1/16 (conditioned: 2/3 and 1/3), masking 1/2 each, and the ratio of the two
+    is Z / prod Z_i along each output."""
+    from logitlab.conditioning import path_probabilities, token_paths
+    from logitlab.toy import NGramLM
+    probs = torch.zeros(5, 4)  # a bigram table: tokens A, B, C, EOS; row 4 is the empty history
+    probs[3] = probs[4] = torch.tensor([1 / 2, 0, 1 / 2, 0])  # the start (after the prompt's EOS)
+    probs[0] = torch.tensor([0, 1 / 4, 1 / 2, 1 / 4])          # after A
+    probs[1] = torch.tensor([0, 0, 1 / 2, 1 / 2])              # after B
+    probs[2] = torch.tensor([1 / 4, 1 / 4, 1 / 4, 1 / 4])      # after C
+    model = NGramLM(probs.double().log())
+    constraint = Constraint("AB?", vocab=[b"A", b"B", b"C", None], eos_token_id=3)
+    paths = token_paths(constraint)
+    assert paths == [(0,), (0, 1)]
+    model_p, masked_p = path_probabilities(model, [3], constraint, paths)
+    assert torch.allclose(model_p.double(), torch.tensor([1 / 8, 1 / 16], dtype=torch.float64), atol=1e-6)
+    assert torch.allclose(masked_p.double(), torch.tensor([1 / 2, 1 / 2], dtype=torch.float64), atol=1e-6)
+    z = model_p.sum()
+    conditional = model_p / z
+    assert torch.allclose(conditional.double(), torch.tensor([2 / 3, 1 / 3], dtype=torch.float64), atol=1e-6)
+    products = torch.tensor([1 / 2 ** 2, 1 / 2 ** 3])  # prod Z_i along A+EOS and AB+EOS
+    assert torch.allclose(masked_p / conditional, z / products, atol=1e-6)
+
+
 
 @pytest.mark.slow
 def test_masking_and_conditioning_are_each_what_sampling_gives_and_they_differ():

@@ -11,10 +11,22 @@ The model's own distribution *conditioned* on the output matching is instead
 
     P_cond(t_1 .. t_n) = prod_i p(t_i | t_<i) / Z,     Z = the probability that an output matches.
 
-They agree only when every Z_i is 1. Where a pattern has finitely many outputs, both are
-computed here exactly, from one batched forward pass over every token sequence that matches
-(``token_paths``): for every sequence, its probability under the model (EOS included) and
-under the masked sampler.
+(EOS is the last t_i in both.) On an output y that matches and that the model can produce,
+with the Z_i taken along y, the model's probabilities cancel:
+
+    P_mask(y) / P_cond(y) = Z / prod_i Z_i,
+
+so the two agree exactly when prod_i Z_i = Z for every such output. The same Z_i at every step
+is not the condition: it is not sufficient when outputs differ in length (with the outputs
+"A" + EOS and "AB" + EOS and every Z_i = a < 1, the products are a**2 and a**3, and at most one
+of them can be Z), and not necessary (a pattern with a single token sequence has
+Z_i = p(t_i | t_<i), whatever they are, and prod_i Z_i = Z). Masking favours the outputs with a
+small product: those along which the model kept putting its probability on forbidden tokens,
+which happens after the output has entered a path the model would not continue on its own.
+
+Where a pattern has finitely many outputs, both are computed here exactly, from one batched
+forward pass over every token sequence that matches (``token_paths``): for every sequence, its
+probability under the model (EOS included) and under the masked sampler.
 """
 
 from __future__ import annotations

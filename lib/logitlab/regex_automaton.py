@@ -16,10 +16,18 @@ bytes. Three steps, each a function here:
    and equivalent states are merged (``minimize``).
 
 The supported syntax is the regular core of Python's ``re``: characters and escapes, ``.``,
-classes ``[a-z]`` and ``[^...]``, ``\\d \\w \\s`` (ASCII, and their negations), groups
+classes ``[a-z]`` and ``[^...]``, ``\\d \\w \\s`` and their negations ``\\D \\W \\S``, groups
 ``(...)`` and ``(?:...)``, ``|``, and ``* + ? {m} {m,} {m,n}`` (lazy forms accepted: they match
 the same strings). Anchors, backreferences and lookarounds raise ``ValueError``: the pattern
 always has to match the whole output, and the last two are not regular.
+
+``\\d``, ``\\w`` and ``\\s`` are the ASCII classes ``[0-9]``, ``[a-zA-Z0-9_]`` and
+``[ \\t\\n\\r\\f\\v]``, as Python's ``re`` reads them with the ``re.ASCII`` flag. Without that
+flag ``re`` reads them as Unicode classes for a str pattern (``'٣'`` and ``'３'`` are digits there,
+``'é'`` a word character, ``'\\u00a0'`` a space); here they are not, and ``\\D \\W \\S`` take
+them in instead. So the automaton accepts a string exactly when
+``re.fullmatch(pattern, string, flags=re.ASCII)`` does. Write a Unicode class out where one is
+meant, e.g. ``[0-9\\u0660-\\u0669]``.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import torch
 
 MAX_CODE_POINT = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)  # not characters: UTF-8 cannot encode them
+# \d \w \s as Python's re.ASCII reads them (not re's default Unicode classes); see above.
 CLASS_ESCAPES = {
     "d": [(48, 57)],
     "w": [(48, 57), (65, 90), (95, 95), (97, 122)],
@@ -82,7 +91,7 @@ def complement(ranges) -> tuple:
 
 def parse(pattern: str) -> Node:
     """The tree of ``pattern``; ``ValueError`` (with the position) if it is not a supported
-    regular expression."""
+    regular expression (the syntax above; ``\\d \\w \\s`` are ASCII classes, as with ``re.ASCII``)."""
     if not isinstance(pattern, str):
         raise ValueError(f"pattern must be a str, got {type(pattern).__name__}")
     parser = _Parser(pattern)
@@ -191,6 +200,8 @@ class _Parser:
         if char.lower() in CLASS_ESCAPES:
             ranges = normalise(CLASS_ESCAPES[char.lower()])
             return complement(ranges) if char.isupper() else ranges
+        if char == "0" and self.peek() is not None and self.peek() in "01234567":
+            self.fail("octal escapes are not supported (write \\x01 for \\01)")
         if char in CHARACTER_ESCAPES:
             code = ord(CHARACTER_ESCAPES[char])
         elif char in "xu":
@@ -407,7 +418,9 @@ def determinize(nfa: ByteNFA, start: int, end: int) -> ByteDFA:
 
 
 def compile_regex(pattern: str) -> ByteDFA:
-    """``pattern`` as a pruned deterministic automaton over the bytes of its UTF-8 text."""
+    """``pattern`` as a pruned, minimal deterministic automaton over UTF-8 bytes: it accepts the
+    encoding of a string exactly when ``re.fullmatch(pattern, string, flags=re.ASCII)`` matches
+    (the syntax above; ``\\d \\w \\s`` are ASCII classes)."""
     nfa = ByteNFA()
     start, end = nfa.build(parse(pattern))
     return minimize(determinize(nfa, start, end).prune())
