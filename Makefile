@@ -27,7 +27,7 @@ SMOLLM2_VERSION := 0.1.2
 # The executed chapters and the site built from them (not under _build, which the book build owns).
 SCRATCH := _scratch
 
-.PHONY: book test test-lower setup clean student
+.PHONY: book test test-lower setup clean student publish
 
 setup: $(INSTALLED) $(VENDORED)
 
@@ -90,6 +90,16 @@ student: setup
 		-k runs_with_and_without $(PARALLEL)
 	$(PY) -m logitlab.website $(SCRATCH)/chapters $(SCRATCH)/student-site --student
 
+# The publishable tree, for a course whose answer key stays in a private repository: everything a
+# repository that students can see needs (book/teaching.md), written into _scratch/publish: the
+# student notebooks (student/chapters/, which the student site's Colab buttons open), the library
+# without the teacher's guide's rubrics, pyproject.toml, requirements.txt, a README with each
+# chapter's Colab link, and the student site (docs/). Every file in it is then searched for every
+# line of the chapters' solutions; one found stops it.
+publish: student
+	rm -rf $(SCRATCH)/publish
+	$(PY) -m logitlab.course --publish $(SCRATCH)/publish --site $(SCRATCH)/student-site/_build/html
+
 # The lower bounds of pyproject.toml, checked: .venv-lower holds the lowest version of every
 # dependency it allows (each ">=X" of its `dependencies` becomes "==X", wheels only), except
 # torch, which stays at requirements.txt's pin (any other torch is a multi-GB CUDA build; the
@@ -112,7 +122,7 @@ $(LOWER_INSTALLED): pyproject.toml requirements.txt
 	$(LOWER_PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
-# Only the library's tests: the chapters, the student versions, the grader and the book (and the browser) need jupyter-book and nbclient.
+# Only the library's tests: the chapters, the student versions, the grader, the publishable tree and the book (and the browser) need jupyter-book and nbclient.
 # Tests marked slow (benchmark rows, long statistical runs; over ~15 s each) are left out to keep
 # this at about 5 minutes on 2 cores. One test is left out because its oracle, not the library, differs:
 # transformers 4.56's RepetitionPenaltyLogitsProcessor raises on ids outside the vocabulary,
@@ -121,7 +131,7 @@ $(LOWER_INSTALLED): pyproject.toml requirements.txt
 # (its tokenizer class is unknown to 4, and the rope base in its config.json is read as 10000).
 test-lower: $(LOWER_INSTALLED)
 	$(ONE_THREAD) LOGITLAB_CACHE=$(CURDIR)/$(LOWER_VENV)/cache $(LOWER_PY) -m pytest tests -m "not slow" $(PARALLEL) \
-		--ignore=tests/test_book.py --ignore=tests/test_site_in_browser.py --ignore=tests/test_notebooks.py --ignore=tests/test_chapters.py --ignore=tests/test_course.py --ignore=tests/test_otter_bridge.py --ignore=tests/test_grade.py \
+		--ignore=tests/test_book.py --ignore=tests/test_site_in_browser.py --ignore=tests/test_notebooks.py --ignore=tests/test_chapters.py --ignore=tests/test_course.py --ignore=tests/test_otter_bridge.py --ignore=tests/test_grade.py --ignore=tests/test_publish.py \
 		--ignore=tests/test_assignments.py --deselect tests/test_processors.py::test_penalties_ignore_ids_outside_the_vocabulary
 
 clean:

@@ -11,19 +11,27 @@ prerequisites, each exercise's time, difficulty and points, and a rubric for eve
 the URL from ``_config.yml`` when the site is built. No other file names the repository, and a
 test checks that.
 
+``python -m logitlab.course --publish FOLDER --site HTML`` (``make publish``) then writes the
+*publishable tree*: what a repository that students can see needs, with no solution in it (see
+:func:`publish`), so that the answer key can stay in a private one.
+
 These functions work on a checkout of the repository (``ROOT``), not on an installed package.
 """
 
 from __future__ import annotations
 
+import argparse
+import html
+import json
 import re
+import shutil
 import sys
 from pathlib import Path
 
 import nbformat
 import yaml
 
-from .assignments import make_student_versions
+from .assignments import BEGIN, END, make_student_versions
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO_LINE = re.compile(r'^REPO = "[^"]*"', re.M)
@@ -98,13 +106,127 @@ def teachers_guide(data: dict) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+# The publishable tree: the student edition, in a form a public repository can hold.
+
+PUBLIC_README = """# {title}: the student edition
+
+The exercises of the book, without their solutions. Open a chapter in Colab (its first cell
+installs the library from this repository), write your code where a cell says
+`raise NotImplementedError`, and run the check cell below it:
+
+{links}
+
+- `student/chapters/`: the notebooks; `docs/`: the book's website for students (GitHub Pages can
+  serve it from this folder);
+- `lib/logitlab/`: the library the chapters use (`pip install "logitlab @ git+{url}"`). Its checks
+  (`ll.checks`) compare your answers with the library's own implementations, and refuse an answer
+  that calls the library function the exercise asks you to write.
+"""
+SKIPPED = shutil.ignore_patterns("__pycache__", "*.pyc", "exercises.yml")  # the rubrics are answers
+
+
+def publish(out: Path, *, site: Path | None = None, root: Path = ROOT) -> Path:
+    """Write into ``out`` (which must not exist, or be empty) the tree a repository that students
+    can see needs: ``student/chapters/`` (the student notebooks, where the student site's Colab
+    buttons open them), ``lib/logitlab/`` without the teacher's guide's data (its rubrics are
+    answers), ``pyproject.toml``, ``requirements.txt``, a README with each chapter's Colab link,
+    and ``site`` (the student site's built HTML) as ``docs/``. Not in it: ``chapters/`` (the
+    answer key), ``book/`` (its teaching page and teacher's guide), ``tests/``. Then every file
+    in it is searched for every line of the chapters' solutions (:func:`leaked_solutions`): any
+    found is an error. The library itself stays readable there: its functions are the reference
+    answers the checks compare with."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"{out} is not empty: the publishable tree is written into a new folder")
+    if site is not None and not (Path(site) / "index.html").is_file():
+        raise ValueError(f"{site} holds no built site (index.html): run `make student` first")
+    config = yaml.safe_load((root / "_config.yml").read_text())
+    make_student_versions([root / "chapters"], out / "student" / "chapters")
+    shutil.copytree(root / "lib" / "logitlab", out / "lib" / "logitlab", ignore=SKIPPED)
+    for name in ("pyproject.toml", "requirements.txt"):
+        shutil.copy(root / name, out / name)
+    url, branch = config["repository"]["url"], config["repository"].get("branch", "main")
+    colab = url.replace("https://github.com/", "https://colab.research.google.com/github/")
+    links = "\n".join(f"- [{path.stem}]({colab}/blob/{branch}/student/chapters/{path.name})"
+                      for path in sorted((out / "student" / "chapters").glob("*.ipynb")))
+    (out / "README.md").write_text(PUBLIC_README.format(title=config["title"], links=links, url=url))
+    if site is not None:
+        shutil.copytree(site, out / "docs")
+        (out / "docs" / ".nojekyll").touch()  # GitHub Pages: serve _static/ and _sources/ as they are
+    found = leaked_solutions(out, solution_lines(root / "chapters", root))
+    if found:
+        raise ValueError(f"solutions in the publishable tree {out}:\n" + "\n".join(found[:20]))
+    return out
+
+
+def solution_lines(chapters: Path, root: Path = ROOT, shortest: int = 12) -> list[str]:
+    """Every line of the chapters' code solutions (between ``# BEGIN SOLUTION`` and ``# END
+    SOLUTION``; without an inline comment; stripped) at least ``shortest`` characters long, except
+    those the library's own source holds too: the library is the reference answer, published on
+    purpose (a few lines such as ``scaled = logits / temperature`` are in both)."""
+    library = "\n".join(path.read_text() for path in (root / "lib" / "logitlab").rglob("*.py"))
+    found = set()
+    for path in sorted(Path(chapters).glob("*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            inside = False
+            for line in cell.source.split("\n") if cell.cell_type == "code" else []:
+                text = line.strip()
+                if text in (BEGIN, END):
+                    inside = text == BEGIN
+                    continue
+                code = text if text.startswith("#") else text.split("  #")[0].rstrip()
+                if inside and len(code) >= shortest and code not in library:
+                    found.add(code)
+    return sorted(found)
+
+
+def _text(path: Path) -> str:
+    """A file's text as a reader meets it: a notebook's strings, a web page without its markup."""
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    if path.suffix == ".ipynb":
+        try:
+            strings, stack = [], [json.loads(text)]
+            while stack:
+                item = stack.pop()
+                if isinstance(item, str):
+                    strings.append(item)
+                elif isinstance(item, (list, dict)):
+                    stack.extend(item.values() if isinstance(item, dict) else item)
+            return text + "\n" + "\n".join(strings)
+        except ValueError:
+            return text
+    if path.suffix in (".html", ".htm"):
+        return text + "\n" + html.unescape(re.sub(r"<[^>]*>", "", text))  # highlighted code is split by tags
+    return text
+
+
+def leaked_solutions(tree: Path, lines: list[str]) -> list[str]:
+    """``"FILE: LINE"`` for every one of ``lines`` found in any file under ``tree``."""
+    found = []
+    for path in sorted(p for p in Path(tree).rglob("*") if p.is_file()):
+        text = _text(path)
+        found += [f"{path.relative_to(tree)}: {line}" for line in lines if line in text]
+    return found
+
+
 def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m logitlab.course", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--publish", type=Path, metavar="FOLDER",
+                        help="then write the publishable tree (no solutions) into FOLDER, which must be new or empty")
+    parser.add_argument("--site", type=Path, metavar="HTML", help="with --publish: the student site's built HTML")
+    args = parser.parse_args(argv)
     url = repository()
     for path in point_chapters_at(url, ROOT / "chapters"):
         print(f"{path.relative_to(ROOT)}: now installs from {url}")
     make_student_versions([ROOT / "chapters"], ROOT / "student" / "chapters", verbose=True)
     GUIDE_PAGE.write_text(teachers_guide(exercises()))
     print(f"{GUIDE_PAGE.relative_to(ROOT)}: written from {GUIDE_DATA.name}")
+    if args.publish:
+        try:
+            publish(args.publish, site=args.site)
+        except ValueError as error:
+            parser.error(str(error))
+        print(f"{args.publish}: the publishable tree, searched for every solution line: none found")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,13 @@ for a whole class, needs Docker). The notebooks students hand in are the book's 
 versions (``student/chapters/``): otter's test functions look up the student's function by name
 in the executed notebook, so no otter cell has to be added to them. Written exercises stay out of
 otter; grade them with the teacher's guide's rubrics.
+
+What this does not protect: otter runs each test in the student's own kernel, after the
+student's code, so the check runs in a process the notebook controls. A notebook that replaces
+``ll.checks.check_softmax`` (or anything the check uses, torch's comparisons included) with
+something that always passes gets the points. Use it for feedback; for grades that count, use
+``python -m logitlab.grade``, which runs the checks in its own process on the functions it takes
+from the notebook (``book/teaching.md``).
 """
 
 from __future__ import annotations
