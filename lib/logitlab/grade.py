@@ -253,7 +253,7 @@ def _decode(x, args=()):
         shape, stride = [int(n) for n in shape], [int(n) for n in stride]
         return a if list(a.shape) == shape and list(a.stride()) == stride else a.as_strided(shape, stride, a.storage_offset())
     if kind == "generator":
-        generator = torch.Generator()
+        generator = torch.Generator(device="cpu")  # the checks hand their functions CPU generators
         generator.set_state(_decode(value))
         return generator
     if kind == "bytes":
