@@ -131,7 +131,7 @@ $(LOWER_INSTALLED): pyproject.toml requirements.txt
 # (its tokenizer class is unknown to 4, and the rope base in its config.json is read as 10000).
 test-lower: $(LOWER_INSTALLED)
 	$(ONE_THREAD) LOGITLAB_CACHE=$(CURDIR)/$(LOWER_VENV)/cache $(LOWER_PY) -m pytest tests -m "not slow" $(PARALLEL) \
-		--ignore=tests/test_book.py --ignore=tests/test_site_in_browser.py --ignore=tests/test_notebooks.py --ignore=tests/test_chapters.py --ignore=tests/test_course.py --ignore=tests/test_otter_bridge.py --ignore=tests/test_grade.py --ignore=tests/test_publish.py \
+		--ignore=tests/test_book.py --ignore=tests/test_book_sources.py --ignore=tests/test_site_in_browser.py --ignore=tests/test_notebooks.py --ignore=tests/test_chapters.py --ignore=tests/test_course.py --ignore=tests/test_otter_bridge.py --ignore=tests/test_grade.py --ignore=tests/test_publish.py \
 		--ignore=tests/test_assignments.py --deselect tests/test_processors.py::test_penalties_ignore_ids_outside_the_vocabulary
 
 clean:
