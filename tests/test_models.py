@@ -77,6 +77,15 @@ def test_uncached_then_cached_load_give_identical_logits(monkeypatch, tmp_path):
     # The chat template travels with the cached tokenizer.
     chat = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False)
     assert "<|im_start|>user" in chat
+    # ll.chat_ids: the same template as ids, ending where the assistant's reply begins.
+    ids = ll.chat_ids(tokenizer, "Hi")
+    assert isinstance(ids, list) and all(isinstance(i, int) for i in ids)
+    assert tokenizer.decode(ids) == chat + "<|im_start|>assistant\n"
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert tokenizer.decode(ll.chat_ids(tokenizer, messages)).startswith("<|im_start|>system\nBe brief.")
+    for bad in ["", [], ["Hi"], None]:
+        with pytest.raises(ValueError, match="prompt"):
+            ll.chat_ids(tokenizer, bad)
 
 
 def test_hugging_face_names_go_to_from_pretrained(monkeypatch):

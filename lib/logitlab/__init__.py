@@ -13,7 +13,7 @@ from . import (checks, conditioning, constrained, cutoffs, decoding, devices, dr
                tree_verification, training, typical_acceptance, viz, widgets)
 from .decoding import GenerationResult
 from .devices import generator
-from .models import device, load, next_token_logits, toy_bigram, toy_model
+from .models import chat_ids, device, load, next_token_logits, toy_bigram, toy_model
 from .probs import apply_temperature, entropy, kl, log_softmax, softmax, tv_distance
 from .generate import generate
 from .sampling import SamplingConfig, greedy, gumbel_max, next_token, sample
@@ -72,6 +72,7 @@ __all__ = [
     "kl",
     "load",
     "next_token_logits",
+    "chat_ids",
     "log_softmax",
     "next_token",
     "sample",

@@ -117,6 +117,21 @@ def load(name: str = "smollm2-135m", device: torch.device | str | None = None, d
     return model, tokenizer
 
 
+def chat_ids(tokenizer, prompt) -> list[int]:
+    """The token ids of ``prompt`` in the tokenizer's chat template, ending where the
+    assistant's reply begins. ``prompt`` is the user's message (a string) or a list of chat
+    messages (``{"role": ..., "content": ...}``)."""
+    if isinstance(prompt, str) and prompt:
+        messages = [{"role": "user", "content": prompt}]
+    elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+        messages = prompt
+    else:
+        raise ValueError("prompt must be a non-empty string or a non-empty list of chat messages (dicts)")
+    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    # transformers 5 returns a BatchEncoding, transformers 4 a list of ids.
+    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+
 @torch.inference_mode()
 def next_token_logits(model, tokenizer, prompt, chat: bool = False) -> torch.Tensor:
     """The model's logits ``[vocab]`` (float32) for the token that follows ``prompt``.
@@ -126,10 +141,7 @@ def next_token_logits(model, tokenizer, prompt, chat: bool = False) -> torch.Ten
     where the assistant's reply begins.
     """
     if chat:
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
-        # transformers 5 returns a BatchEncoding, transformers 4 a tensor of ids.
-        ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
+        ids = torch.tensor([chat_ids(tokenizer, prompt)])
     elif isinstance(prompt, str) and prompt:
         ids = tokenizer(prompt, return_tensors="pt").input_ids
     else:

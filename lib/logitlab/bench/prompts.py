@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..models import chat_ids
+
 GROUNDED_TEXT = (
     "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is named after "
     "the engineer Gustave Eiffel, whose company designed and built the tower from 1887 to 1889. It was "
@@ -16,8 +18,7 @@ OPEN_ENDED = ["Write a short story about a lighthouse keeper.", "Explain why the
 
 
 def chat(tokenizer, question):
-    encoded = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
-    return torch.tensor([list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)])
+    return torch.tensor([chat_ids(tokenizer, question)])
 
 
 def cached_prefix(tokenizer) -> list[int]:
