@@ -276,6 +276,51 @@ def test_quick_runs_every_table_with_fewer_settings(monkeypatch, tmp_path):
     assert calls["bench_eagle"] == {} and calls["bench_constrained"] == {} and calls["bench_decoders"] == {}
 
 
+def test_runs_combine_into_medians_with_every_run_kept():
+    from logitlab.bench.table import combine_runs
+
+    def run(alpha, ratio, seconds):
+        return [{"measurement": f"draft model (gamma={alpha}, alpha=0.{alpha}), 2 prompts", "seconds": seconds,
+                 "ratio": ratio, "against": "faster than our AR loop", "section": "s"},
+                {"measurement": "ll.generate, 2 prompts", "seconds": 2 * seconds, "ratio": None, "against": "",
+                 "section": "s"}]
+
+    combined = combine_runs([run(3, 1.1, 1.0), run(2, 1.3, 3.0), run(3, 0.9, 2.0)])
+    first, baseline = combined
+    assert first["ratio"] == 1.1 and first["ratios"] == [1.1, 1.3, 0.9]
+    assert first["seconds"] == 2.0 and first["seconds_runs"] == [1.0, 3.0, 2.0]
+    assert first["measurement"].startswith("draft model (gamma=3")  # the first run's label
+    assert baseline["ratio"] is None and baseline["ratios"] is None and baseline["seconds"] == 4.0
+    assert "1.10x faster than our AR loop [0.90-1.30 over 3 runs]" in bench.Table(combined).markdown()
+    other = run(3, 1.0, 1.0)
+    other[1]["measurement"] = "Hugging Face generate, 2 prompts"
+    with pytest.raises(ValueError, match="same rows in the same order"):
+        combine_runs([run(3, 1.1, 1.0), other])
+    with pytest.raises(ValueError, match="same rows"):
+        combine_runs([run(3, 1.1, 1.0), run(3, 1.1, 1.0)[:1]])
+
+
+def test_runs_repeat_every_section_and_write_the_spread(monkeypatch, tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from logitlab.bench import run
+
+    fake = SimpleNamespace(logitlab_fast_cpu={})
+    monkeypatch.setattr(run.models, "load", lambda *a, **k: (fake, None))
+    ratios = iter([1.0, 1.2, 1.1])
+    monkeypatch.setattr(run, "bench_sampling", lambda table, *a, **k: table.add("ll.sample", 0.1, next(ratios),
+                                                                                 "faster than Hugging Face"))
+    skips = [f"--skip-{part}" for part in ("load", "verification", "generate", "parallel", "speculative", "typical",
+                                           "eagle", "pass", "constrained", "decoders")]
+    run.main(skips + ["--runs", "3", "--json", str(tmp_path / "runs.json")])
+    saved = json.loads((tmp_path / "runs.json").read_text())
+    assert saved["runs"] == 3 and len(saved["rows"]) == 1
+    assert saved["rows"][0]["ratios"] == [1.0, 1.2, 1.1] and saved["rows"][0]["ratio"] == 1.1
+    assert "[1.00-1.20 over 3 runs]" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        run.main(skips + ["--runs", "0"])
+
+
 def test_llama_cpp_rows_are_skipped_with_a_message_without_llama_cpp_python(monkeypatch, capsys):
     import sys
 

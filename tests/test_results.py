@@ -79,6 +79,12 @@ def test_every_ratio_on_the_page_reads_one_way():
     assert results.reading(row(2.0, "slower than ours, same algorithm")) == ("0.50x", "", "ours, same algorithm")
     assert results.reading(row(1.5, "decode steps")) == ("", "1.50", "decode steps")
     assert results.reading(row(None, "")) == ("", "", "")
+    # Several runs: the median, then the lowest and highest run, read the same way.
+    runs = lambda ratio, against, ratios: dict(row(ratio, against), ratios=ratios)
+    assert results.reading(runs(1.1, "faster than x", [1.0, 1.1, 1.3])) == ("1.10x [1.00-1.30]", "", "x")
+    assert results.reading(runs(2.0, "slower than y", [2.0, 4.0, 1.0])) == ("0.50x [0.25-1.00]", "", "y")
+    assert results.reading(runs(1.5, "decode steps", [1.4, 1.5, 1.6])) == ("", "1.50 [1.40-1.60]", "decode steps")
+    assert results.reading(runs(1.5, "decode steps", [1.5])) == ("", "1.50", "decode steps")
     assert results.split_label("draft model (gamma=1, c=0.04), 2 prompts, T=0") == ("draft model", "(gamma=1, c=0.04), 2 prompts, T=0")
     assert results.split_label("pass over 2 new tokens, fast path (v(2))") == ("pass over 2 new tokens", "fast path (v(2))")
     assert results.split_label("plain") == ("plain", "")

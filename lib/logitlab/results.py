@@ -50,17 +50,24 @@ def split_label(measurement: str) -> tuple[str, str]:
 def reading(row: dict) -> tuple[str, str, str]:
     """``(speed, cost, relative to)`` of a row, every ratio read one way: a speed is the row's
     method over what it is compared with (above 1: faster); a cost is the row's time in units of
-    something else (a decode step, one sample). A row with no ratio is a baseline."""
+    something else (a decode step, one sample). A row with no ratio is a baseline.
+
+    A row of several runs (``python -m logitlab.bench --runs N``) gives its median and, in
+    brackets, the lowest and highest of its runs, read the same way.
+    """
     against, ratio = row["against"], row["ratio"]
     if ratio is None:
         return "", "", ""
-    if against.startswith("faster than "):
-        return f"{ratio:.2f}x", "", against[len("faster than "):]
+    runs = row.get("ratios") or []
     if against.startswith("slower than "):  # the row's time over the other's: its speed is the inverse
-        return f"{1 / ratio:.2f}x", "", against[len("slower than "):]
+        ratio, runs = 1 / ratio, [1 / r for r in runs]
+    spread = f" [{min(runs):.2f}-{max(runs):.2f}]" if len(runs) > 1 else ""
+    for prefix in ("faster than ", "slower than "):
+        if against.startswith(prefix):
+            return f"{ratio:.2f}x{spread}", "", against[len(prefix):]
     if against == "Hugging Face's tokens/s":
-        return f"{ratio:.2f}x", "", "Hugging Face"
-    return "", f"{ratio:.2f}", against
+        return f"{ratio:.2f}x{spread}", "", "Hugging Face"
+    return "", f"{ratio:.2f}{spread}", against
 
 
 def run_markdown(run: dict) -> str:

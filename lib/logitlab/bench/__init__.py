@@ -3,7 +3,10 @@
 The machines that build the book are shared and noisy, so absolute times drift from run to
 run; ratios of times taken in the same run, on the same machine, are what the book reports.
 Each time is the median of several repetitions after a warm-up. The table is printed as
-Markdown and written as JSON (``--json``, default ``bench-out/bench.json``).
+Markdown and written as JSON (``--json``, default ``bench-out/bench.json``). Ratios still move
+between runs (by a fifth or more on the book's shared 2-core CPU), so ``--runs N`` runs the whole
+selection N times, one run after the other, and reports each row's median with the range of its
+ratio over the runs: a method can be said to beat another only where their ranges do not overlap.
 
 Rows (every Hugging Face row runs on the model as Hugging Face gives it, without the CPU fast
 path of ``ll.load``):

@@ -13,7 +13,7 @@ from .constrained import bench_constrained
 from .decoders import bench_decoders
 from .basics import bench_generate, bench_load, bench_parallel, bench_sampling
 from .drafting import bench_draft_model, bench_eagle, bench_pass, bench_speculative, bench_typical
-from .table import Table, cpu_name
+from .table import Table, combine_runs, cpu_name
 from ..timing import breakdown_table
 from .llamacpp import bench_llama_cpp
 from .prompts import cached_prefix
@@ -46,19 +46,20 @@ def main(argv=None) -> Table:
     parser.add_argument("--quick", action="store_true",
                         help="every table, with fewer settings and repeats: 2 timed repeats instead of 3-5, "
                              "Medusa at T=0 and 1 only, PaSS k=1,2,4,8 (two-call) and k=1,2 (single-call)")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="run the whole selection this many times, one run after the other, and report each row's "
+                             "median with the range of its ratio over the runs (the spread a ranking must exceed)")
     parser.add_argument("--json", default="bench-out/bench.json", help="where to write the results as JSON")
     args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error(f"--runs must be at least 1, got {args.runs}")
     torch.manual_seed(0)
-    table = Table()
-    if not args.skip_load:
-        table.section = SECTIONS["load"]
-        bench_load(table)
     model, tokenizer = models.load("smollm2-135m", device="cpu")
     # Every Hugging Face row runs on the model as Hugging Face gives it: no fast path.
     stock = models.load("smollm2-135m", device="cpu", fast=False)[0]
     fast_path = {f"linear {out}x{in_}": per_rows for (out, in_), per_rows in model.logitlab_fast_cpu.items()}
     print(f"CPU fast path (kernel per weight shape and number of rows): {fast_path}")
-    breakdown = run_sections(args, table, model, stock, tokenizer)
+    table, breakdown = run_repeatedly(args, model, stock, tokenizer)
     machine = f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, device cpu"
     print(f"Machine: {machine}")
     print(table.markdown())
@@ -67,7 +68,7 @@ def main(argv=None) -> Table:
         print(breakdown_table(breakdown))
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"machine": machine, "fast_cpu": fast_path, "rows": table.rows,
+    path.write_text(json.dumps({"machine": machine, "fast_cpu": fast_path, "runs": args.runs, "rows": table.rows,
                                 "breakdown": breakdown}, indent=2))
     print(f"(written to {path})")
     return table
@@ -85,6 +86,24 @@ SECTIONS = {"load": "Loading the model (chapter 1)",
             "constrained": "Constrained decoding (chapter 10)",
             "pass": "PaSS look-ahead embeddings (chapter 8)",
             "decoders": "Every decoder that drafts nothing (chapter 11)"}
+
+
+def run_repeatedly(args, model, stock, tokenizer) -> tuple[Table, dict | None]:
+    """Every selected section ``args.runs`` times, one whole run after the other (so that each
+    run sees the machine as it is then); the rows combined into medians with their spread, and
+    the first run's breakdown."""
+    runs, breakdown = [], None
+    for run in range(args.runs):
+        if args.runs > 1:
+            print(f"\n== run {run + 1} of {args.runs} ==")
+        table = Table()
+        if not args.skip_load:
+            table.section = SECTIONS["load"]
+            bench_load(table)
+        broken_down = run_sections(args, table, model, stock, tokenizer)
+        breakdown = breakdown or broken_down
+        runs.append(table.rows)
+    return Table(combine_runs(runs) if args.runs > 1 else runs[0]), breakdown
 
 
 def run_sections(args, table: Table, model, stock, tokenizer):

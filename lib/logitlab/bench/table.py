@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import platform
+import re
+import statistics
 
 from ..fast_cpu import cpu_info
 
@@ -32,8 +34,40 @@ class Table:
                 elif r["ratio"] < 1:
                     against = f"({other} than {against[len(word) + 6:]})"
             ratio = f"{r['ratio']:.2f}x {against}".strip() if r["ratio"] is not None else ""
+            if r.get("ratios") and r["ratio"] is not None:
+                ratio += f" [{min(r['ratios']):.2f}-{max(r['ratios']):.2f} over {len(r['ratios'])} runs]"
             lines.append(f"| {r['measurement']} | {r['seconds'] * 1000:.1f} ms | {ratio} |")
         return "\n".join(lines)
+
+
+def combine_runs(runs: list[list[dict]]) -> list[dict]:
+    """The rows of several runs of the same bench as one row each: the median time and ratio,
+    with every run's ratio in ``ratios`` and time in ``seconds_runs`` (in run order), so that a
+    reader sees the spread. Rows are matched by their place in the run; their labels must agree
+    once the measured details in brackets (acceptance, tokens per call, a chosen gamma) are
+    removed, else ``ValueError``. The label shown is the first run's."""
+    if not runs or any(len(rows) != len(runs[0]) for rows in runs):
+        raise ValueError(f"runs must be one or more runs with the same rows; got {[len(r) for r in runs]} rows")
+    combined = []
+    for same in zip(*runs):
+        labels = {(r.get("section", ""), _without_details(r["measurement"])) for r in same}
+        if len(labels) != 1:
+            raise ValueError(f"runs must measure the same rows in the same order; these differ: {sorted(labels)}")
+        ratios = [r["ratio"] for r in same]
+        seconds = [r["seconds"] for r in same]
+        combined.append(dict(same[0], seconds=statistics.median(seconds), seconds_runs=seconds,
+                             ratio=None if None in ratios else statistics.median(ratios),
+                             ratios=None if None in ratios else ratios))
+    return combined
+
+
+def _without_details(label: str) -> str:
+    """A row's label without what it measured: bracketed details and the numbers in them."""
+    while True:
+        shorter = re.sub(r"\s*\([^()]*\)", "", label)
+        if shorter == label:
+            return re.sub(r"gamma=\d+", "gamma", label)
+        label = shorter
 
 
 def cpu_name() -> str:
