@@ -10,8 +10,20 @@ from logitlab import checks
 from logitlab.constrained import build_index, fewest_tokens
 from logitlab.generate import find_stop
 from logitlab.lookahead import single_call_layout
+from logitlab.regex_automaton import ByteNFA, determinize, utf8_ranges
 from logitlab.training.lookahead import training_layout
 from logitlab.tree_verification import after_rejection
+
+
+def subsets_by_library(symbols, moves, empty, start, accepting):
+    nfa = ByteNFA()
+    for _ in range(len(moves) + 1):
+        nfa.state()
+    for s in range(len(moves)):
+        nfa.moves[s] = [(a, a, t) for a, t in moves[s]]
+        nfa.empty[s] = list(empty[s]) + ([len(moves)] if s in accepting else [])
+    dfa = determinize(nfa, start, len(moves))
+    return dfa.table[:, :symbols].tolist(), dfa.accepting.tolist()
 
 
 def best_gamma_by_library(alpha, c, v):
@@ -37,6 +49,8 @@ SHORT_CUTS = {
     "check_after_rejection": lambda r, token, q: after_rejection(r, token, q),
     "check_allowed_tokens": lambda table, vocab, state: build_index(table, vocab)[state],
     "check_fewest_tokens": lambda moves, accepting: fewest_tokens(moves, accepting),
+    "check_utf8_ranges": lambda lo, hi: utf8_ranges(lo, hi),
+    "check_subset_construction": subsets_by_library,
     "check_best_gamma": best_gamma_by_library,
     "check_truncation_distance": lambda logits, kept: ll.tv_distance(torch.softmax(logits, -1), torch.softmax(kept, -1)),
 }

@@ -1,11 +1,14 @@
-"""The checks of chapter 10 (constrained decoding): the tokens a state of the byte automaton
-allows, and the fewest tokens that still complete a match."""
+"""The checks of chapter 10 (constrained decoding): a range of code points as UTF-8 byte
+ranges, the subset construction, the tokens a state of the byte automaton allows, and the fewest
+tokens that still complete a match."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from .common import CheckFailed, as_list, asks_for, call_unchanged
+from .common import CheckFailed, as_list, asks_for, call, call_unchanged
 
 
 @asks_for("logitlab.constrained.build_index")
@@ -91,3 +94,143 @@ def check_fewest_tokens(fn) -> None:
                               "further than the nearest state it moves to; a state from which no accepting state is "
                               "reached gets None.")
     print(f"check_fewest_tokens: all {len(cases)} cases passed.")
+
+
+@asks_for("logitlab.regex_automaton.utf8_ranges")
+def check_utf8_ranges(fn) -> None:
+    """Check ``fn(lo, hi) -> [[(byte_lo, byte_hi), ...], ...]`` (chapter 10) against
+    :func:`logitlab.regex_automaton.utf8_ranges`: the byte strings the sequences match (one
+    byte from each range, in order) must be exactly the UTF-8 encodings of the code points
+    ``lo..hi``, each matched once, in no more sequences than the library needs."""
+    import itertools
+
+    from ..regex_automaton import utf8_ranges
+
+    cases = [
+        ("one code point", 0xE9, 0xE9),
+        ("ASCII letters", 0x61, 0x7A),
+        ("across the one/two-byte boundary", 0x70, 0x90),
+        ("across the one/two-byte boundary, on 64-boundaries", 0x40, 0xBF),
+        ("every two-byte code point", 0x80, 0x7FF),
+        ("two bytes, not aligned to a lead byte", 0x3A5, 0x4C2),
+        ("across the two/three-byte boundary", 0x7F0, 0x820),
+        ("three bytes, not aligned", 0x20AC, 0x3001),
+        ("across the three/four-byte boundary", 0xFFF0, 0x10010),
+    ]
+    for name, lo, hi in cases:
+        label = f"Case {name} (lo=0x{lo:X}, hi=0x{hi:X})"
+        got = call(fn, label, lo, hi)
+        try:
+            got = [[(int(a), int(b)) for a, b in sequence] for sequence in got]
+        except (TypeError, ValueError):
+            raise CheckFailed(f"{label}: return a list of sequences, each a list of (low byte, high byte) pairs; "
+                              f"got {got!r}.") from None
+        bad = [pair for sequence in got for pair in sequence if not 0 <= pair[0] <= pair[1] <= 255]
+        if bad or any(not sequence for sequence in got):
+            raise CheckFailed(f"{label}: every sequence needs at least one range, and each range is (low, high) with "
+                              f"0 <= low <= high <= 255; got {bad[:3] or 'an empty sequence'}.")
+        wanted = {chr(c).encode(): c for c in range(lo, hi + 1)}
+        matched = _matched_bytes(label, got, len(wanted))
+        extra = [m for m in matched if m not in wanted]
+        if extra:
+            raise CheckFailed(f"{label}: your sequences match {extra[0].hex(' ')}, which is not the UTF-8 encoding of a "
+                              "code point in the range. Split the range where the encodings change length, and where a "
+                              "lower-order byte does not run through all of 80-bf.")
+        if len(matched) != len(set(matched)):
+            twice = next(m for m in matched if matched.count(m) > 1)
+            raise CheckFailed(f"{label}: {twice.hex(' ')} is matched by two sequences; the pieces must not overlap.")
+        missing = [c for data, c in wanted.items() if data not in set(matched)]
+        if missing:
+            raise CheckFailed(f"{label}: U+{missing[0]:04X} ({chr(missing[0]).encode().hex(' ')}) is matched by no "
+                              f"sequence ({len(missing)} code points are missing).")
+        least = len(utf8_ranges(lo, hi))
+        if len(got) > least:
+            raise CheckFailed(f"{label}: right bytes, but {len(got)} sequences where {least} suffice: a run of code "
+                              "points whose lower-order bytes go through all of 80-bf is one sequence.")
+    print(f"check_utf8_ranges: all {len(cases)} cases passed.")
+
+
+def _matched_bytes(label: str, sequences, count: int) -> list[bytes]:
+    """Every byte string the sequences match, in order (with repeats); fails, before listing
+    them, when there are far more than the ``count`` code points of the range."""
+    import itertools
+
+    size = sum(math.prod(b - a + 1 for a, b in sequence) for sequence in sequences)
+    if size > 4 * count:
+        raise CheckFailed(f"{label}: your sequences match {size} byte strings, but there are only {count} "
+                          "code points: a range of a lower-order byte covers more than it should.")
+    return [bytes(s) for sequence in sequences for s in itertools.product(*(range(a, b + 1) for a, b in sequence))]
+
+
+@asks_for("logitlab.regex_automaton.determinize")
+def check_subset_construction(fn) -> None:
+    """Check ``fn(symbols, moves, empty, start, accepting) -> (table, final)`` (chapter 10)
+    against :func:`logitlab.regex_automaton.determinize`. The automaton has states ``0..n-1``;
+    ``moves[s]`` lists its labelled moves ``(symbol, next)`` with ``0 <= symbol < symbols``,
+    ``empty[s]`` its empty moves; ``accepting`` is a list of states. The answer numbers its
+    states from 0 (the start's closure), ``table[d][symbol]`` is the next state or -1 (the empty
+    set), ``final[d]`` whether ``d`` accepts: one state per reachable non-empty set."""
+    from ..regex_automaton import ByteNFA, determinize
+
+    cases = [
+        ("a then b", 2, [[(0, 1)], [(1, 2)], []], [[], [], []], 0, [2]),
+        ("no move on a symbol: -1, not a state", 2, [[(0, 1)], []], [[], []], 0, [1]),
+        ("empty moves from the start", 2, [[], [(0, 3)], [(1, 3)], []], [[1, 2], [], [], []], 0, [3]),
+        ("a guess: (a|b)*ab", 2, [[(0, 0), (1, 0), (0, 1)], [(1, 2)], []], [[], [], []], 0, [2]),
+        ("empty moves after a symbol: a*b*", 2, [[(0, 0)], [(1, 1)]], [[1], []], 0, [1]),
+        ("accepting through an empty move", 2, [[(0, 1)], [], []], [[], [2], []], 0, [2]),
+        ("a loop of empty moves", 3, [[], [(0, 2)], [(2, 0)]], [[1], [0], [0]], 0, [2]),
+        ("two accepting states", 2, [[(0, 1), (1, 2)], [(0, 1)], []], [[], [], []], 0, [1, 2]),
+    ]
+    for name, symbols, moves, empty, start, accepting in cases:
+        nfa = ByteNFA()
+        for _ in range(len(moves) + 1):
+            nfa.state()
+        end = len(moves)  # one accepting state for the library, reached by empty moves
+        for s in range(len(moves)):
+            nfa.moves[s] = [(a, a, t) for a, t in moves[s]]
+            nfa.empty[s] = list(empty[s]) + ([end] if s in accepting else [])
+        reference = determinize(nfa, start, end)
+        label = (f"Case {name} (symbols={symbols}, moves={moves}, empty={empty}, start={start}, "
+                 f"accepting={accepting})")
+        got = call_unchanged(fn, label, symbols, [list(m) for m in moves], [list(e) for e in empty], start,
+                             list(accepting), what="the automaton")
+        try:
+            table, final = got
+            table = [[int(x) for x in row] for row in as_list(table)]
+            final = [bool(f) for f in as_list(final)]
+        except (TypeError, ValueError):
+            raise CheckFailed(f"{label}: return (table, final): table[d][symbol] the next state or -1, "
+                              f"final[d] True or False; got {got!r}.") from None
+        if len(final) != len(table) or any(len(row) != symbols for row in table) or any(
+                not -1 <= x < len(table) for row in table for x in row):
+            raise CheckFailed(f"{label}: table needs one row per state, each with {symbols} entries, each a state "
+                              f"number or -1, and final one entry per state; got table={table}, final={final}.")
+        shortest = _first_difference(table, final, reference, symbols, depth=6)
+        if shortest is not None:
+            text, want = shortest
+            raise CheckFailed(f"{label}: the symbols {text} are {'' if want else 'not '}accepted by the automaton, "
+                              f"but {'not ' if want else ''}by yours. A set of states must include everything its "
+                              "empty moves reach: take the closure of the start, and again after every symbol.")
+        if len(table) != reference.num_states:
+            raise CheckFailed(f"{label}: the right strings are accepted, but with {len(table)} states where the subset "
+                              f"construction gives {reference.num_states}: one state per reachable non-empty set of "
+                              "states, each numbered once (a dict from frozenset to number), none merged or repeated.")
+    print(f"check_subset_construction: all {len(cases)} cases passed.")
+
+
+def _first_difference(table, final, reference, symbols: int, depth: int):
+    """The shortest symbol string (up to ``depth``) that one automaton accepts and the other
+    does not, with whether the reference accepts it; None if they agree on all of them."""
+    import itertools
+
+    for length in range(depth + 1):
+        for text in itertools.product(range(symbols), repeat=length):
+            state = 0
+            for symbol in text:
+                state = table[state][symbol] if state >= 0 else -1
+            mine = state >= 0 and final[state]
+            want = reference.matches(bytes(text))
+            if mine != want:
+                return list(text), want
+    return None
