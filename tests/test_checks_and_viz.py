@@ -153,12 +153,30 @@ def test_viz_functions_draw_and_label_tokens():
     assert heights == sorted(heights, reverse=True)
     fig = ll.viz.plot_temperatures(logits, tok, temperatures=(0.0, 1.0), k=4)
     assert fig.axes[0].patches[0].get_width() == 1.0  # T = 0: all the mass on the top token
+    assert fig.axes[0].get_xlim() == fig.axes[1].get_xlim()  # one scale for every panel
+    t1 = ll.softmax(logits)[torch.topk(logits, 4).indices]
+    assert [t.get_text() for t in fig.axes[1].texts] == [f"{q:.2g}" for q in t1.tolist()]
     table = ll.viz.top_tokens_table(logits, tok, k=3).data
     assert table.count("\n") == 4 and f"{logits.max().item():.3f}" in table
     widget = ll.widgets.temperature_widget(logits, tok, k=4)
     assert widget.children[0].value == 1.0
     with pytest.raises(ValueError, match="1-D"):
         ll.viz.plot_top_tokens(logits[None], tok)
+
+
+def test_inverse_transform_picture_marks_the_token_sample_returns():
+    tok = CharTokenizer()
+    probs = torch.tensor([0.12, 0.05, 0.4, 0.05, 0.3, 0.08])
+    ax = ll.viz.plot_inverse_transform(probs, tok, uniforms=[0.05, 0.14, 0.5, 0.97], k=3)
+    # cumulative: 0.12 0.17 0.57 0.62 0.92 1.0: U = 0.05 in a, 0.14 in b, 0.5 in c, 0.97 in f
+    marks = [t.get_text().split("→ ")[1] for t in ax.texts if "U =" in t.get_text()]
+    assert marks == ["a", "␣b", "c", "␣f"]
+    labelled = [t.get_text() for t in ax.texts if "U =" not in t.get_text()]
+    assert labelled == ["a", "c", "e"]  # the top 3, in order of id
+    widths = sorted(round(p.get_width(), 6) for p in ax.patches)
+    assert widths == [0.05, 0.05, 0.08, 0.12, 0.3, 0.4]  # a, c, e and the grey b, d, f
+    with pytest.raises(ValueError, match="1-D"):
+        ll.viz.plot_inverse_transform(probs[None], tok, uniforms=[0.5])
 
 
 def test_next_token_logits_validates_prompt():

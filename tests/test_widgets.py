@@ -31,13 +31,19 @@ def toy():
 def test_truncation_widget_draws_and_redraws(toy):
     logits = torch.randn(26, generator=torch.Generator().manual_seed(0)) * 2
     widget, figures = drawn(lambda: widgets.truncation_widget(logits, CharTokenizer(), k=10))
-    assert len(figures) == 1 and figures[0][1] == 10 and figures[0][0].startswith("top-p 0.90")
+    assert len(figures) == 1 and figures[0][1] == 10 and figures[0][0].startswith("top-p P = 0.90")
     import matplotlib.pyplot as plt
 
-    plt.close("all")
-    widget.children[0].value = "top-k"
-    widget.children[1].value = 0.05  # k = 5
-    assert "keeps 5 tokens" in plt.figure(plt.get_fignums()[-1]).axes[0].get_title()
+    above_floor = int((ll.softmax(logits) >= 0.0001).sum())
+    for rule, value, kept in [("top-k", 5, 5), ("epsilon", 0.0001, above_floor), ("min-p", 1.0, 1), ("top-nσ", 0.05, 1)]:
+        plt.close("all")
+        widget.children[0].value = rule  # the slider takes the rule's units, then its value is set
+        slider = widget.children[1]
+        symbol, low, high = widgets.TRUNCATION_SETTINGS[rule][:3]
+        assert (slider.description, slider.min, slider.max) == (symbol, low, high)
+        slider.value = value
+        title = plt.figure(plt.get_fignums()[-1]).axes[0].get_title()
+        assert f"keeps {kept} tokens" in title and title.startswith(f"{rule} {symbol} = "), title
 
 
 def test_penalty_typical_speedup_and_temperature_widgets_draw(toy):

@@ -1,7 +1,8 @@
 """The book's plots and tables (its widgets are in ``logitlab.widgets``).
 
-Chapter 1 uses ``token_label``, ``top_tokens_table``, ``plot_top_tokens`` and
-``plot_temperatures``; chapter 2 adds ``plot_kept``; chapters 6, 8 and 9 ``outcome_html`` (a
+Chapter 1 uses ``token_label``, ``top_tokens_table``, ``plot_top_tokens``,
+``plot_temperatures`` and ``plot_inverse_transform``; chapter 2 adds ``plot_kept``, chapter 5
+``plot_tree``; chapters 6, 8 and 9 ``outcome_html`` (a
 speculative answer coloured by what became of each token); chapter 10 ``constraint_steps``.
 Plots draw on a matplotlib ``Axes`` (made for you when none is given) and return it, so a
 chapter can add to them.
@@ -13,6 +14,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from .probs import log_softmax, softmax
+from .sampling import inverse_transform
 
 
 def token_label(tokenizer, token_id: int) -> str:
@@ -60,26 +62,65 @@ def plot_temperatures(logits: torch.Tensor, tokenizer, temperatures=(0.0, 0.5, 1
     """Small multiples: the top ``k`` tokens (ranked at T = 1) at several temperatures.
 
     The tokens are the same in every panel, so the panels show how the same probabilities
-    move. Each panel has its own x-axis (at high T all bars are small) and its title gives the
-    total probability of the ``k`` tokens shown. The static companion of
+    move. The panels share one x-axis, so that a bar's length compares across temperatures;
+    each bar carries its probability, which stays readable where the bars are short (high T).
+    Each title gives the total probability of the ``k`` tokens shown. The static companion of
     :func:`temperature_widget`.
     """
     check_row(logits)
     ids = torch.topk(logits, k).indices
     labels = [token_label(tokenizer, i) for i in ids.tolist()]
-    fig, axes = plt.subplots(1, len(temperatures), figsize=(2.6 * len(temperatures), 0.26 * k + 1.2), sharey=True)
-    for ax, t in zip(axes, temperatures):
-        p = softmax(logits.float(), t)[ids]
-        ax.barh(range(k), p.tolist(), color="C1" if t == 1.0 else "C0")
+    panels = [softmax(logits.float(), t)[ids] for t in temperatures]
+    largest = max(float(p.max()) for p in panels)
+    fig, axes = plt.subplots(1, len(temperatures), figsize=(2.6 * len(temperatures), 0.26 * k + 1.2),
+                             sharey=True, sharex=True)
+    for ax, t, p in zip(axes, temperatures, panels):
+        bars = ax.barh(range(k), p.tolist(), color="C1" if t == 1.0 else "C0")
+        ax.bar_label(bars, [f"{q:.2g}" for q in p.tolist()], fontsize=6, padding=2)
         name = f"T = {t:g}" + (" (greedy)" if t == 0 else "")
         ax.set_title(f"{name}\nthese {k} tokens: {p.sum():.2f}", fontsize=9)
-        ax.set_xlim(0, float(p.max()) * 1.15)
         ax.set_xlabel("probability")
         ax.tick_params(axis="x", labelsize=7)
+    axes[0].set_xlim(0, largest * 1.3)  # room for the labels of the longest bar
     axes[0].set_yticks(range(k), labels, fontsize=8)
     axes[0].invert_yaxis()
     fig.tight_layout()
     return fig
+
+
+def plot_inverse_transform(probs: torch.Tensor, tokenizer, uniforms, k: int = 8, ax=None):
+    """Multinomial sampling drawn: [0, 1) cut into one interval per token, and where each U falls.
+
+    The ``k`` most likely tokens of ``probs [vocab]`` get an interval each (length = their
+    probability, in order of token id, as the cumulative sum lays them out); the other tokens'
+    intervals, too thin to draw one by one, are grey. Each value of ``uniforms`` is marked with
+    the token whose interval holds it: the token that ``ll.sample`` returns for that U.
+    """
+    check_row(probs)
+    probs = probs.cpu().double()  # on the CPU first: float64 exists there (not on MPS), as in ll.sample's sum
+    cumulative = probs.cumsum(0)
+    top = set(torch.topk(probs, k).indices.tolist())
+    ax = ax or plt.subplots(figsize=(9, 1.9))[1]
+    start, colour = 0.0, 0
+    for i in sorted(top):
+        left = float(cumulative[i] - probs[i])
+        if left > start:  # the tokens between two of the top k, merged
+            ax.barh(0, left - start, left=start, color="lightgray", edgecolor="white", linewidth=0.3)
+        ax.barh(0, float(probs[i]), left=left, color=f"C{colour % 10}", edgecolor="white", linewidth=0.5)
+        ax.text(left + float(probs[i]) / 2, 0.48, token_label(tokenizer, i), rotation=45,
+                ha="left", va="bottom", fontsize=7)
+        start, colour = left + float(probs[i]), colour + 1
+    if start < float(cumulative[-1]):
+        ax.barh(0, float(cumulative[-1]) - start, left=start, color="lightgray", edgecolor="white", linewidth=0.3)
+    for u in uniforms:
+        token = int(inverse_transform(cumulative, cumulative[-1:] * float(u)))
+        ax.annotate(f"U = {u:.2f}\n→ {token_label(tokenizer, token)}", xy=(u, -0.4), xytext=(u, -1.3),
+                    ha="center", va="top", fontsize=7, arrowprops={"arrowstyle": "->", "lw": 0.8})
+    ax.set_xlim(0, 1)
+    ax.set_ylim(-2.2, 1.6)
+    ax.set_yticks([])
+    ax.set_xlabel("cumulative probability (tokens in order of id; grey: every other token)")
+    return ax
 
 
 def plot_kept(probs: torch.Tensor, kept: torch.Tensor, tokenizer, k: int = 30, ax=None, title: str | None = None):
@@ -98,6 +139,40 @@ def plot_kept(probs: torch.Tensor, kept: torch.Tensor, tokenizer, k: int = 30, a
     ax.set_xlabel("probability")
     if title:
         ax.set_title(title, fontsize=9)
+    return ax
+
+
+def plot_tree(tree, tokenizer, ax=None, title: str | None = None):
+    """A token tree (``ll.TokenTree``) drawn left to right: the prompt, then one column per level.
+
+    Each node shows its token and the probability the model gave it after its path
+    (``tree.raw_logprobs``). Leaves are spread evenly from top to bottom in node order, and an
+    inner node sits at the mean height of its children, so no two branches cross.
+    """
+    depths, n = tree.depths, len(tree)
+    leaves = tree.leaves()
+    ax = ax or plt.subplots(figsize=(8, 0.35 * len(leaves) + 1.5))[1]
+    y = [0.0] * n
+    for rank, leaf in enumerate(leaves):
+        y[leaf] = (len(leaves) - 1) / 2 - rank  # the first leaf on top
+    for i in reversed(range(n)):  # children come after their parent in node order
+        kids = tree.children(i)
+        if kids:
+            y[i] = sum(y[k] for k in kids) / len(kids)
+    root_y = sum(y[k] for k in tree.children(-1)) / len(tree.children(-1))
+    for i, p in enumerate(tree.parents):
+        ax.plot([depths[i] - 1, depths[i]], [root_y if p < 0 else y[p], y[i]], color="0.6", lw=1, zorder=1)
+    for i in range(n):
+        label = token_label(tokenizer, int(tree.tokens[i]))
+        ax.annotate(f"{label}\n{float(tree.raw_logprobs[i].exp()):.2f}", (depths[i], y[i]), ha="center",
+                    va="center", fontsize=8, bbox=dict(boxstyle="round", fc="white", ec="C0"))
+    ax.annotate("prompt", (0, root_y), ha="center", va="center", fontsize=8,
+                bbox=dict(boxstyle="round", fc="0.9", ec="0.5"))
+    ax.set_xlim(-0.5, max(depths) + 0.5)
+    ax.set_ylim(min(y) - 0.7, max(y) + 0.7)
+    ax.axis("off")
+    if title:
+        ax.set_title(title, fontsize=10)
     return ax
 
 

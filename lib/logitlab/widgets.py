@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from .probs import softmax
-from .viz import check_row, constraint_steps, outcome_html, plot_kept, token_label
+from .viz import check_row, constraint_steps, outcome_html, plot_kept, plot_tree, token_label
 
 
 def html_table(markdown):
@@ -104,32 +104,56 @@ def constraint_widget(tokenizer, pattern: str = r"[0-9]{4}-[0-9]{2}-[0-9]{2}", t
                                                  continuous_update=False))
 
 
+# Each rule's setting in its own units: symbol, slider range and step, default, readout format.
+TRUNCATION_SETTINGS = {
+    "top-k": ("k", 1, 200, 1, 50, ".0f"),
+    "top-p": ("P", 0.01, 1.0, 0.01, 0.9, ".2f"),
+    "min-p": ("p_min", 0.01, 1.0, 0.01, 0.1, ".2f"),
+    "typical": ("P", 0.01, 1.0, 0.01, 0.9, ".2f"),
+    "epsilon": ("ε", 0.0001, 0.01, 0.0001, 0.0009, ".4f"),
+    "top-H": ("h", 0.01, 1.0, 0.01, 0.4, ".2f"),
+    "top-nσ": ("n", 0.05, 3.0, 0.05, 1.0, ".2f"),
+}
+
+
 def truncation_widget(logits: torch.Tensor, tokenizer, k: int = 30):
     """Pick a truncation rule and its setting, and the temperature: which of the ``k`` most
-    likely tokens of ``logits [vocab]`` it keeps, and how much probability they hold."""
+    likely tokens of ``logits [vocab]`` it keeps, and how much probability they hold. The
+    setting slider takes the chosen rule's own units and range (``TRUNCATION_SETTINGS``)."""
     from . import cutoffs, processors
 
     check_row(logits)
     widgets, options = _controls()
-    rules = {"top-k": lambda z, v: processors.top_k(z, max(1, round(v * 100))),
-             "top-p": lambda z, v: processors.top_p(z, v), "min-p": lambda z, v: processors.min_p(z, v),
-             "typical": lambda z, v: processors.typical(z, v),
-             "epsilon": lambda z, v: cutoffs.epsilon_cut(z, min(v, 0.99) / 100),
-             "top-H": lambda z, v: cutoffs.top_h(z, v), "top-nσ": lambda z, v: cutoffs.top_n_sigma(z, 3 * v)}
+    rules = {"top-k": lambda z, v: processors.top_k(z, round(v)), "top-p": processors.top_p,
+             "min-p": processors.min_p, "typical": processors.typical, "epsilon": cutoffs.epsilon_cut,
+             "top-H": cutoffs.top_h, "top-nσ": cutoffs.top_n_sigma}
+    rule = widgets.Dropdown(options=list(rules), value="top-p", description="rule")
+    symbol, low, high, step, default, fmt = TRUNCATION_SETTINGS["top-p"]
+    setting = widgets.FloatSlider(value=default, min=low, max=high, step=step, readout_format=fmt,
+                                  description=symbol, **options)
+
+    def retune(change):  # the slider takes the new rule's units before it is read again
+        symbol, low, high, step, default, fmt = TRUNCATION_SETTINGS[change["new"]]
+        setting.min, setting.max = min(low, setting.min), max(high, setting.max)
+        setting.step, setting.readout_format, setting.description = step, fmt, symbol
+        setting.value = default
+        setting.min, setting.max = low, high
+
+    rule.observe(retune, names="value")
 
     def draw(rule, setting, temperature):
+        symbol, low, high, _, _, fmt = TRUNCATION_SETTINGS[rule]
+        if not low <= setting <= high:
+            return  # the rule changed and the slider has not taken its units yet: retune redraws
         scaled = logits.float() / temperature
         kept = ~rules[rule](scaled, setting).isneginf()
         p = softmax(scaled)
-        meaning = {"top-k": f"k = {max(1, round(setting * 100))}", "epsilon": f"ε = {min(setting, 0.99) / 100:.4f}",
-                   "top-nσ": f"n = {3 * setting:.2f}"}.get(rule, f"{setting:.2f}")
-        plot_kept(p, kept, tokenizer, k=k, title=f"{rule} {meaning}, T = {temperature:.2f}: keeps {int(kept.sum())} "
-                                                 f"tokens holding {p[kept].sum():.2f} of the probability")
+        plot_kept(p, kept, tokenizer, k=k, title=f"{rule} {symbol} = {setting:{fmt}}, T = {temperature:.2f}: keeps "
+                                                 f"{int(kept.sum())} tokens holding {p[kept].sum():.2f} of the probability")
         plt.show()
 
     return widgets.interactive(
-        draw, rule=widgets.Dropdown(options=list(rules), value="top-p", description="rule"),
-        setting=widgets.FloatSlider(value=0.9, min=0.01, max=1.0, step=0.01, description="setting", **options),
+        draw, rule=rule, setting=setting,
         temperature=widgets.FloatSlider(value=1.0, min=0.1, max=2.0, step=0.05, description="temperature", **options))
 
 
@@ -200,29 +224,10 @@ def tree_widget(model, tokenizer, prompt_ids, seed: int = 0):
     def draw(first, second, third):
         ids = torch.tensor([prompt_ids], device=model_device(model))
         tree = sample_tree(model, ids, branching=(first, second, third), generator=generator(model, seed))
-        depth = []
-        for parent in tree.parents:
-            depth.append(0 if parent < 0 else depth[parent] + 1)
-        fig, ax = plt.subplots(figsize=(9, 0.3 * first * second * third + 1.5))
-        leaves = [i for i in range(len(tree)) if i not in tree.parents]
-        y = {leaf: n for n, leaf in enumerate(leaves)}
-        for i in reversed(range(len(tree))):  # a parent sits at the mean height of its children
-            if i not in y:
-                kids = [j for j, p in enumerate(tree.parents) if p == i]
-                y[i] = sum(y[j] for j in kids) / len(kids)
-        for i, parent in enumerate(tree.parents):
-            if parent >= 0:
-                ax.plot([depth[parent], depth[i]], [y[parent], y[i]], color="0.7", lw=1, zorder=1)
-            label = f"{token_label(tokenizer, int(tree.tokens[i]))} {math.exp(tree.raw_logprobs[i]):.2f}"
-            ax.text(depth[i], y[i], label, fontsize=8, ha="center", va="center",
-                    bbox=dict(boxstyle="round", facecolor="white", edgecolor="C0"))
-        ax.set_xlim(-0.5, max(depth) + 0.5)
-        ax.set_ylim(-1, len(leaves))
-        ax.invert_yaxis()
-        ax.set_xticks(range(max(depth) + 1), [f"level {d + 1}" for d in range(max(depth) + 1)])
-        ax.set_yticks([])
-        ax.set_title(f"branching ({first}, {second}, {third}): {len(tree)} nodes, {len(leaves)} paths; "
-                     "each node: token and its probability given its path", fontsize=10)
+        leaves = len(tree.leaves())
+        ax = plt.subplots(figsize=(9, 0.35 * leaves + 1.5))[1]
+        plot_tree(tree, tokenizer, ax=ax, title=f"branching ({first}, {second}, {third}): {len(tree)} nodes, "
+                                                 f"{leaves} paths; each node: token and its probability given its path")
         plt.show()
 
     level = dict(min=1, max=4, **options)
