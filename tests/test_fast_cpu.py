@@ -1,6 +1,8 @@
 """The CPU fast path (logitlab.fast_cpu): the same products to float rounding, the same greedy
 tokens as the stock model over long generations, chosen by measurement, and easy to switch off."""
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -57,7 +59,7 @@ def test_load_calibrates_every_row_count(fast):
 def test_passes_on_a_cached_prefix_match_the_stock_model(fast, stock):
     model, tokenizer = fast
     context = tokenizer("The printing press changed how books were made, because", return_tensors="pt").input_ids
-    for n in [1, 2, 3, 4, 5, 8, 9, 16]:
+    for n in [1, 2, 3, 4, 5, 8, 9, 16, 24, 64]:
         new = torch.arange(200, 200 + n)[None]
         out = []
         for m in (model, stock):
@@ -115,8 +117,8 @@ def test_switching_off():
 
 
 def test_the_measured_fastest_kernel_is_chosen(monkeypatch):
-    fastest = {(8, 8): {1: "turned", 2: "linear", 4: "packed", 8: "turned", 16: "packed"},
-               (4, 8): {1: "linear", 2: "turned", 4: "turned", 8: "packed", 16: "packed"}}
+    fastest = {(8, 8): {1: "turned", 2: "linear", 4: "packed", 8: "turned", 16: "packed", 32: "turned", 64: "packed"},
+               (4, 8): {1: "linear", 2: "turned", 4: "turned", 8: "packed", 16: "packed", 32: "packed", 64: "linear"}}
     table = {(shape, n): {k: (0.5 if k == kernel else 1.0) for k in fast_cpu.KERNELS}
              for shape, per_rows in fastest.items() for n, kernel in per_rows.items()}
     monkeypatch.setattr(fast_cpu, "_product_times", lambda linears, kernels, rounds: table)
@@ -124,14 +126,14 @@ def test_the_measured_fastest_kernel_is_chosen(monkeypatch):
     assert fast_cpu.enable(model) == fastest
     assert model[0].logitlab_kernels is model.logitlab_fast_cpu[8, 8]
     assert model[1].logitlab_kernels is model.logitlab_fast_cpu[4, 8]
-    # A pass over n rows uses the choice for the next calibrated count up; more than 16, F.linear.
+    # A pass over n rows uses the choice for the next calibrated count up; more than 64, F.linear.
     calls = []
     monkeypatch.setattr(fast_cpu, "_product", lambda kernel, layer, x: calls.append(kernel) or x)
     with torch.no_grad():
-        for n in (1, 3, 5, 16):
+        for n in (1, 3, 5, 16, 17, 33, 64):
             model[0](torch.zeros(n, 8))
-        model[0](torch.zeros(17, 8))
-    assert calls == ["turned", "packed", "turned", "packed", "linear"]
+        model[0](torch.zeros(65, 8))
+    assert calls == ["turned", "packed", "turned", "packed", "turned", "packed", "packed", "linear"]
 
 
 def test_the_choice_is_remembered_per_machine_and_per_weights(monkeypatch, tmp_path):
@@ -171,7 +173,7 @@ def test_the_choice_is_remembered_per_machine_and_per_weights(monkeypatch, tmp_p
         measured.pop()
     assert not list(tmp_path.glob("fast_cpu/*.tmp"))  # no partial file left behind
     # A saved choice of oneDNN kernels where packing now fails: measured again, without them.
-    file.write_text('{"8x8": {"1": "packed", "2": "packed", "4": "packed", "8": "packed", "16": "packed"}}')
+    file.write_text(json.dumps({"8x8": {str(n): "packed" for n in fast_cpu.ROWS}}))
     monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", lambda *args: (_ for _ in ()).throw(RuntimeError()))
     again = model()
     assert set(fast_cpu.enable(again, remember=tmp_path)[8, 8].values()) == {"linear"} and len(measured) == 4

@@ -1,7 +1,8 @@
 """A faster forward pass on a CPU: better kernels for few-row products (chapter 5's roofline).
 
 A decode step, and a verification pass over a handful of drafts, is almost nothing but
-products ``x @ Wᵀ`` of a few rows ``x`` ([n, k], n = 1..16) with a large weight ``W`` ([m, k]).
+products ``x @ Wᵀ`` of a few rows ``x`` ([n, k], n = 1..16) with a large weight ``W`` ([m, k]);
+a batch, a beam search or a short prompt's prefill is the same with a few dozen rows.
 They are memory-bound: the weights are read once whatever n, so a pass over 8 tokens should
 cost about what a pass over one costs. PyTorch's ``F.linear`` falls short of that on CPUs: it
 runs one row as a matrix-vector product on a single core (PyTorch issue 96643) and a few rows
@@ -14,9 +15,11 @@ Two other ways compute the same products:
   ``torch.compile`` uses on CPUs); it costs a second copy of the weights in memory.
 
 Which one wins depends on the CPU, its BLAS and the number of rows, so :func:`enable` times
-every product of the model with each kernel, for 1, 2, 4, 8 and 16 rows, and keeps the
-fastest for each weight shape and row count (a few seconds). A pass over n rows uses the
-choice for the next count up; more than 16 rows (a prefill) use ``F.linear``. ``ll.load`` calls
+every product of the model with each kernel, for 1, 2, 4, 8, 16, 32 and 64 rows, and keeps
+the fastest for each weight shape and row count (several seconds). A pass over n rows uses the
+choice for the next count up; more than 64 rows (a long prompt's prefill) use ``F.linear``.
+(On the book's CPU oneDNN's kernel computed the output layer for 17 to 64 rows two to three
+times as fast as ``F.linear``, which is why the calibration goes past 16.) ``ll.load`` calls
 it for models on the CPU and keeps the choice in its cache folder, one small file per machine
 (CPU, thread count, PyTorch, weight shapes), so that only the first load on a machine measures:
 later loads are quicker and choose the same kernels, hence the same logits to the last bit
@@ -49,8 +52,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-ROWS = (1, 2, 4, 8, 16)  # the calibrated row counts
-# A pass over n rows (1..16) uses the choice made for BUCKET[n], the next calibrated count up.
+ROWS = (1, 2, 4, 8, 16, 32, 64)  # the calibrated row counts
+# A pass over n rows (1..64) uses the choice made for BUCKET[n], the next calibrated count up.
 BUCKET = [None] + [next(r for r in ROWS if r >= n) for n in range(1, ROWS[-1] + 1)]
 KERNELS = ("linear", "turned", "packed")
 ATTENTION = "logitlab_gqa"  # the name :func:`gqa_attention` is registered under in transformers
@@ -166,7 +169,7 @@ def _forward(self, x: torch.Tensor) -> torch.Tensor:
     if torch.is_grad_enabled():
         return F.linear(x, self.weight, self.bias)
     n = x.numel() // x.shape[-1]
-    # No rows (an empty pass) or more than 16 (a prefill): F.linear.
+    # No rows (an empty pass) or more than 64 (a long prefill): F.linear.
     kernel = self.logitlab_kernels.get(BUCKET[n], "linear") if n <= ROWS[-1] else "linear"
     return _product(kernel, self, x)
 
