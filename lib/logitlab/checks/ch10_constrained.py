@@ -136,10 +136,11 @@ def check_utf8_ranges(fn) -> None:
             raise CheckFailed(f"{label}: your sequences match {extra[0].hex(' ')}, which is not the UTF-8 encoding of a "
                               "code point in the range. Split the range where the encodings change length, and where a "
                               "lower-order byte does not run through all of 80-bf.")
-        if len(matched) != len(set(matched)):
+        distinct = set(matched)  # built once: the range can hold thousands of code points
+        if len(matched) != len(distinct):
             twice = next(m for m in matched if matched.count(m) > 1)
             raise CheckFailed(f"{label}: {twice.hex(' ')} is matched by two sequences; the pieces must not overlap.")
-        missing = [c for data, c in wanted.items() if data not in set(matched)]
+        missing = [c for data, c in wanted.items() if data not in distinct]
         if missing:
             raise CheckFailed(f"{label}: U+{missing[0]:04X} ({chr(missing[0]).encode().hex(' ')}) is matched by no "
                               f"sequence ({len(missing)} code points are missing).")
