@@ -39,7 +39,7 @@ def test_bench_prints_a_table_and_writes_json(capsys, tmp_path, monkeypatch):
                         lambda fns, repeat=1, warmup=0: timing.interleaved_median_times(fns, repeat=1, warmup=0))
     monkeypatch.setattr(basics, "median_time", lambda fn, repeat=1, warmup=0: timing.median_time(fn, 1, 0))
     out_file = tmp_path / "bench.json"
-    bench.main(["--skip-load", "--skip-verification", "--skip-generate", "--skip-speculative", "--skip-typical", "--skip-eagle", "--skip-pass", "--skip-constrained", "--skip-decoders", "--json", str(out_file)])
+    bench.main(["--skip-load", "--skip-verification", "--skip-generate", "--skip-speculative", "--skip-typical", "--skip-eagle", "--skip-pass", "--skip-spec-bench", "--skip-constrained", "--skip-decoders", "--json", str(out_file)])
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ") and " ms |" in line]
     assert len(rows) == 16  # 8 sampling rows, then 8 of batch sampling, tree scoring and beam search
@@ -151,6 +151,29 @@ def test_pass_rows_run_on_a_small_setting(small):
 
 
 @pytest.mark.slow
+def test_spec_bench_rows_give_every_drafter_per_task_and_temperature(small):
+    from logitlab.bench.spec_bench import bench_spec_bench
+
+    model, tokenizer = small
+    table = bench.Table()
+    bench_spec_bench(table, model, tokenizer, per_task=1, new_tokens=8, temperatures=(0.0, 1.0), repeat=1,
+                     tasks=["translation"])  # at T = 0 each drafter is checked to give the greedy tokens
+    assert len(table.rows) == 2 * 7 and all(r["seconds"] > 0 for r in table.rows)
+    labels = [r["measurement"] for r in table.rows]
+    assert all("1 Spec-Bench translation prompts, 8 tokens each" in label for label in labels)
+    assert labels[0].startswith("ll.generate") and labels[7].startswith("ll.generate") and "T=1" in labels[7]
+    for label in labels[1:7] + labels[8:]:
+        per_call = float(re.search(r"\(([\d.]+) tokens per target pass", label).group(1))
+        # PaSS's drafting passes count too: with nothing accepted it makes half a token per pass.
+        assert (0.5 if label.startswith("PaSS") else 1) <= per_call <= 8, label
+        assert re.search(r"accepted by position [\d.]+(/[\d.]+)*\)", label)
+    with pytest.raises(ValueError, match="per_task must be between 1 and 10, got 11"):
+        bench_spec_bench(table, model, tokenizer, per_task=11, tasks=["translation"])
+    with pytest.raises(ValueError, match="task must be one of"):
+        bench_spec_bench(table, model, tokenizer, per_task=1, tasks=["poetry"])
+
+
+@pytest.mark.slow
 def test_decoder_rows_run_on_a_small_setting(small, monkeypatch):
     from logitlab.bench import decoders
 
@@ -258,22 +281,24 @@ def test_quick_runs_every_table_with_fewer_settings(monkeypatch, tmp_path):
     monkeypatch.setattr(run, "cached_prefix", lambda tokenizer: [1, 2, 3])
     for name in ["bench_verification", "bench_llama_cpp", "bench_sampling", "bench_generate", "bench_parallel",
                  "bench_speculative", "bench_draft_model", "bench_typical", "bench_eagle", "bench_pass",
-                 "bench_constrained", "bench_decoders"]:
+                 "bench_spec_bench", "bench_constrained", "bench_decoders"]:
         monkeypatch.setattr(run, name, lambda *a, name=name, **k: calls.setdefault(name, k) and None)
     run.main(["--skip-load", "--quick", "--json", str(tmp_path / "quick.json")])
     assert set(calls) == {"bench_verification", "bench_llama_cpp", "bench_sampling", "bench_generate", "bench_parallel",
                           "bench_speculative", "bench_draft_model", "bench_typical", "bench_eagle", "bench_pass",
-                          "bench_constrained", "bench_decoders"}
+                          "bench_spec_bench", "bench_constrained", "bench_decoders"}
     assert calls["bench_verification"] == {"rounds": 4}
     for name in ["bench_generate", "bench_speculative", "bench_draft_model", "bench_typical", "bench_eagle", "bench_pass",
-                 "bench_constrained", "bench_decoders"]:
+                 "bench_spec_bench", "bench_constrained", "bench_decoders"]:
         assert calls[name]["repeat"] == 2, name
+    assert calls["bench_spec_bench"]["per_task"] == 1
     assert calls["bench_typical"]["temperatures"] == (0.0, 1.0)
     assert calls["bench_pass"]["ks"] == (1, 2, 4, 8) and calls["bench_pass"]["single_ks"] == (1, 2)
     calls.clear()
     run.main(["--skip-load", "--json", str(tmp_path / "full.json")])  # the full run: each part's defaults
     assert calls["bench_typical"] == {} and calls["bench_pass"] == {} and calls["bench_verification"] == {}
     assert calls["bench_eagle"] == {} and calls["bench_constrained"] == {} and calls["bench_decoders"] == {}
+    assert calls["bench_spec_bench"] == {}
 
 
 def test_runs_combine_into_medians_with_every_run_kept():
@@ -311,7 +336,7 @@ def test_runs_repeat_every_section_and_write_the_spread(monkeypatch, tmp_path, c
     monkeypatch.setattr(run, "bench_sampling", lambda table, *a, **k: table.add("ll.sample", 0.1, next(ratios),
                                                                                  "faster than Hugging Face"))
     skips = [f"--skip-{part}" for part in ("load", "verification", "generate", "parallel", "speculative", "typical",
-                                           "eagle", "pass", "constrained", "decoders")]
+                                           "eagle", "pass", "spec-bench", "constrained", "decoders")]
     run.main(skips + ["--runs", "3", "--json", str(tmp_path / "runs.json")])
     saved = json.loads((tmp_path / "runs.json").read_text())
     assert saved["runs"] == 3 and len(saved["rows"]) == 1

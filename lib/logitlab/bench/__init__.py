@@ -44,6 +44,12 @@ path of ``ll.load``):
   k = 1 .. 8 and with our single-call variant (slots after every prefix, or after the likeliest
   one) at temperature 0 (same tokens as greedy decoding) and 1, each with its tokens per target
   pass, against our autoregressive loop;
+* every drafter on Spec-Bench (chapters 6 to 9; ``logitlab.spec_bench``, the field's benchmark,
+  none of whose questions the drafters trained on): the first turn of two questions of each of its
+  six tasks, 128 tokens each, at temperature 0 (same tokens as greedy decoding) and 1: prompt
+  lookup, the draft model's chain, Medusa's tree, PaSS (two-call, k = 2), EAGLE's chain and tree,
+  each with its tokens per target pass and the acceptance of each draft position, against our
+  autoregressive loop, task by task;
 * every speculative row gives the speedup the cost model predicts for it
   (``logitlab.bench.costmodel``): its target passes priced at the v(n) measured in the same
   run, plus the drafter's own time, both counted on other prompts than the timed ones;
@@ -62,9 +68,10 @@ from .basics import bench_generate, bench_load, bench_parallel, bench_sampling
 from .drafting import bench_draft_model, bench_eagle, bench_pass, bench_speculative, bench_typical, pass_calls
 from .prompts import DRAFT_PROMPTS, GROUNDED, OPEN_ENDED
 from .run import main
+from .spec_bench import bench_spec_bench
 from .table import Table, cpu_name
 from .verification import bench_verification
 
 __all__ = ["DRAFT_PROMPTS", "GROUNDED", "OPEN_ENDED", "Table", "bench_decoders", "bench_draft_model", "bench_generate", "bench_load",
-           "bench_eagle", "bench_pass", "bench_parallel", "bench_sampling", "bench_speculative", "bench_typical", "bench_verification",
+           "bench_eagle", "bench_pass", "bench_parallel", "bench_sampling", "bench_spec_bench", "bench_speculative", "bench_typical", "bench_verification",
            "cpu_name", "main", "pass_calls"]

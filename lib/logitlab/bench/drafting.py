@@ -140,22 +140,24 @@ def timed_runs(model, runs: dict, prompts, repeat: int, warmup: int = 1) -> tupl
 
 def time_against_ar(table: Table, model, runs: dict, prompts, temperature: float, new_tokens: int, repeat: int,
                      calls=lambda r: r.model_calls, unit: str = "call", predicted: dict | None = None,
-                     warmup: int = 1, describe=None) -> None:
+                     warmup: int = 1, describe=None, task: str | None = None) -> None:
     """Time ``runs`` (label -> fn(ids, generator); the first is the AR baseline ``ll.generate``)
     alternately on every prompt, check at T = 0 that each gives the baseline's greedy tokens, and
-    add a row per run with its tokens per ``unit`` (``calls(result)`` counts them), the cost
-    model's forecast (``predicted``: label -> speedup), its speedup, and what ``describe(results)``
-    says of its results."""
+    add a row per run with its tokens per ``unit`` (``calls(result)`` counts them; a dict gives
+    the count of some labels, the others counting the loop's calls), the cost model's forecast
+    (``predicted``: label -> speedup), its speedup, and what ``describe(results)`` says of its
+    results. ``task`` names the prompts in the rows."""
     times, results = timed_runs(model, runs, prompts, repeat, warmup)
     if temperature == 0:
         greedy = [r.new_tokens[0].tolist() for r in results["ll.generate"]]
         for label, outs in results.items():
             if [r.new_tokens[0].tolist() for r in outs] != greedy:
                 raise AssertionError(f"{label} changed the greedy tokens")
-    name = f"{len(prompts)} prompts, {new_tokens} tokens each, T={temperature:g}"
+    name = f"{len(prompts)} {task + ' ' if task else ''}prompts, {new_tokens} tokens each, T={temperature:g}"
     table.add(f"ll.generate, {name}", times[0])
     for label, seconds in list(zip(runs, times))[1:]:
-        per_call = new_tokens * len(prompts) / sum(calls(r) for r in results[label])
+        count = calls.get(label, lambda r: r.model_calls) if isinstance(calls, dict) else calls
+        per_call = new_tokens * len(prompts) / sum(count(r) for r in results[label])
         forecast = f", predicted {predicted[label]:.2f}x" if predicted and label in predicted else ""
         forecast += describe(results[label]) if describe else ""
         table.add(f"{label} ({per_call:.2f} tokens per {unit}{forecast}), {name}", seconds, times[0] / seconds,

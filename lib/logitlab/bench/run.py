@@ -17,6 +17,7 @@ from .table import Table, combine_runs, cpu_name
 from ..timing import breakdown_table
 from .llamacpp import bench_llama_cpp
 from .prompts import cached_prefix
+from .spec_bench import bench_spec_bench
 from .verification import bench_verification
 
 
@@ -39,13 +40,16 @@ def main(argv=None) -> Table:
                         help="skip the EAGLE drafter's rows (about 6 min)")
     parser.add_argument("--skip-pass", action="store_true",
                         help="skip the PaSS look-ahead rows (about 25 min)")
+    parser.add_argument("--skip-spec-bench", action="store_true",
+                        help="skip every drafter on Spec-Bench's six tasks (about 40 min)")
     parser.add_argument("--skip-constrained", action="store_true",
                         help="skip the constrained-decoding rows (about 1 min)")
     parser.add_argument("--skip-decoders", action="store_true",
                         help="skip the closing chapter's rows: beam, truncations, best-of-n, a batch (about 8 min)")
     parser.add_argument("--quick", action="store_true",
                         help="every table, with fewer settings and repeats: 2 timed repeats instead of 3-5, "
-                             "Medusa at T=0 and 1 only, PaSS k=1,2,4,8 (two-call) and k=1,2 (single-call)")
+                             "Medusa at T=0 and 1 only, PaSS k=1,2,4,8 (two-call) and k=1,2 (single-call), "
+                             "one Spec-Bench question per task")
     parser.add_argument("--runs", type=int, default=1,
                         help="run the whole selection this many times, one run after the other, and report each row's "
                              "median with the range of its ratio over the runs (the spread a ranking must exceed)")
@@ -85,6 +89,7 @@ SECTIONS = {"load": "Loading the model (chapter 1)",
             "eagle": "The EAGLE drafter (chapter 9)",
             "constrained": "Constrained decoding (chapter 10)",
             "pass": "PaSS look-ahead embeddings (chapter 8)",
+            "spec_bench": "Every drafter on Spec-Bench's six tasks (chapters 6 to 9)",
             "decoders": "Every decoder that drafts nothing (chapter 11)"}
 
 
@@ -128,6 +133,8 @@ def run_sections(args, table: Table, model, stock, tokenizer):
              ("constrained", lambda: bench_constrained(table, model, tokenizer, **repeat)),
              ("pass", lambda: bench_pass(table, model, tokenizer,
                                          **(dict(repeat, ks=(1, 2, 4, 8), single_ks=(1, 2)) if args.quick else {}))),
+             ("spec_bench", lambda: bench_spec_bench(table, model, tokenizer,
+                                                     **(dict(repeat, per_task=1) if args.quick else {}))),
              ("decoders", lambda: bench_decoders(table, model, tokenizer, **repeat))]
     for name, run in parts:
         if not getattr(args, f"skip_{name}"):

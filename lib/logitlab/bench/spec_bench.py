@@ -1,0 +1,76 @@
+"""Every drafter on Spec-Bench's six tasks (the shipped sample, ``logitlab.spec_bench``): tokens
+per target call, the acceptance of each draft position and the speedup over ``ll.generate``, task
+by task, as the field's leaderboard reports them (for a 7B target on a GPU; ours is SmolLM2-135M on
+this machine)."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import spec_bench
+from ..generate import generate
+from ..speculative import speculative_generate
+from .drafting import by_position, pass_calls, time_against_ar
+from .prompts import chat
+
+
+def shipped_drafters(model) -> dict:
+    """The book's trained drafters for ``model``: the draft model, the Medusa heads, the EAGLE
+    drafter and two PaSS look-ahead embeddings (k = 2)."""
+    from ..drafters import load_pretrained as load_draft
+    from ..eagle import load_drafter
+    from ..lookahead import load_pretrained as load_lookahead
+    from ..medusa import load_heads
+
+    return {"draft": load_draft(model), "medusa": load_heads(model), "eagle": load_drafter(model),
+            "lookahead": load_lookahead(model, 2)}
+
+
+PASS = "PaSS two-call, k=2"  # its drafting calls are target passes too (pass_calls)
+
+
+def drafting_runs(model, drafters: dict, temperature: float, new_tokens: int) -> dict:
+    """label -> fn(ids, generator): ``ll.generate`` first, then each drafter in one setting
+    (prompt lookup, the draft model's chain, Medusa's tree, PaSS, EAGLE's chain and tree), all
+    exact (rejection sampling, or greedy at T = 0)."""
+    from ..drafters import DraftModelDrafter, PromptLookupDrafter
+    from ..eagle import EagleDrafter
+    from ..medusa import medusa_generate
+
+    common = dict(max_new_tokens=new_tokens, temperature=temperature, eos_token_id=[])
+
+    def chain(make, gamma):
+        return lambda ids, g: speculative_generate(model, make(), ids, gamma=gamma, generator=g, **common)
+
+    tree = dict(top_k=3, nodes=10)
+    return {
+        "ll.generate": lambda ids, g: generate(model, ids, generator=g, **common),
+        "prompt lookup (gamma=5)": chain(lambda: PromptLookupDrafter(model.config.vocab_size), 5),
+        "draft model (gamma=3)": chain(lambda: DraftModelDrafter(drafters["draft"]), 3),
+        "Medusa heads, tree (3, 2, 1)": lambda ids, g: medusa_generate(
+            model, drafters["medusa"], ids, branching=(3, 2, 1), generator=g, **common),
+        PASS: chain(lambda: drafters["lookahead"], 3),
+        "EAGLE chain (gamma=3)": chain(lambda: EagleDrafter(drafters["eagle"]), 3),
+        "EAGLE tree (top_k=3, 10 nodes, depth 4)": chain(lambda: EagleDrafter(drafters["eagle"], tree=tree), 4),
+    }
+
+
+@torch.inference_mode()
+def bench_spec_bench(table, model, tokenizer, per_task: int = 2, new_tokens: int = 128, temperatures=(0.0, 1.0),
+                     repeat: int = 3, tasks=None, drafters: dict | None = None) -> None:
+    """For each of Spec-Bench's tasks (``tasks``, default all six), the first turn of the first
+    ``per_task`` questions of the shipped sample, ``new_tokens`` tokens each, at each temperature:
+    every drafter of ``drafting_runs`` timed in turn with ``ll.generate`` (checked to give the
+    greedy tokens at T = 0); each row carries its tokens per target pass (PaSS's drafting calls
+    counted) and the acceptance of each draft position. ``drafters``: the trained drafters to
+    measure (default ``shipped_drafters``), e.g. newly trained ones against the shipped."""
+    drafters = shipped_drafters(model) if drafters is None else drafters
+    for task in tasks or spec_bench.TASKS:
+        found = spec_bench.questions(task)
+        if not 1 <= per_task <= len(found):
+            raise ValueError(f"per_task must be between 1 and {len(found)}, got {per_task!r}")
+        prompts = [chat(tokenizer, q.turns[0]) for q in found[:per_task]]
+        for temperature in temperatures:
+            runs = drafting_runs(model, drafters, temperature, new_tokens)
+            time_against_ar(table, model, runs, prompts, temperature, new_tokens, repeat, calls={PASS: pass_calls},
+                            unit="target pass", describe=by_position, task=f"Spec-Bench {task}")
