@@ -62,12 +62,17 @@ def task_of(category: str) -> str:
                      f"got {category!r}")
 
 
+def read_rows(path: str | Path) -> list[dict]:
+    """The questions of a file in Spec-Bench's layout (one JSON object per line), as dicts."""
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
 def questions(task: str | None = None, path: str | Path | None = None) -> list[Question]:
     """The shipped sample (or Spec-Bench's whole ``question.jsonl`` at ``path``), in file order;
     only the questions of ``task`` when it is given."""
     if task is not None and task not in TASKS:
         raise ValueError(f"task must be one of {list(TASKS)}, got {task!r}")
-    rows = [json.loads(line) for line in Path(path or SAMPLE).read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = read_rows(path or SAMPLE)
     found = [Question(r["question_id"], task_of(r["category"]), r["category"], tuple(r["turns"])) for r in rows]
     return [q for q in found if task is None or q.task == task]
 
@@ -91,7 +96,7 @@ def main(argv=None) -> None:
     p.add_argument("--per-task", type=int, default=SAMPLE_PER_TASK)
     p.add_argument("--out", type=Path, default=SAMPLE)
     args = p.parse_args(argv)
-    rows = [json.loads(line) for line in args.questions.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = read_rows(args.questions)
     chosen = sample(rows, args.per_task)
     args.out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in chosen), encoding="utf-8")
     print(f"{len(chosen)} of {len(rows)} questions written to {args.out}")

@@ -64,11 +64,11 @@ def bench_spec_bench(table, model, tokenizer, per_task: int = 2, new_tokens: int
     greedy tokens at T = 0); each row carries its tokens per target pass (PaSS's drafting calls
     counted) and the acceptance of each draft position. ``drafters``: the trained drafters to
     measure (default ``shipped_drafters``), e.g. newly trained ones against the shipped."""
-    drafters = shipped_drafters(model) if drafters is None else drafters
-    for task in tasks or spec_bench.TASKS:
-        found = spec_bench.questions(task)
-        if not 1 <= per_task <= len(found):
-            raise ValueError(f"per_task must be between 1 and {len(found)}, got {per_task!r}")
+    chosen = {task: spec_bench.questions(task) for task in tasks or spec_bench.TASKS}  # bad names fail here
+    if not all(1 <= per_task <= len(found) for found in chosen.values()):
+        raise ValueError(f"per_task must be between 1 and {spec_bench.SAMPLE_PER_TASK}, got {per_task!r}")
+    drafters = shipped_drafters(model) if drafters is None else drafters  # loaded once the input is known good
+    for task, found in chosen.items():
         prompts = [chat(tokenizer, q.turns[0]) for q in found[:per_task]]
         for temperature in temperatures:
             runs = drafting_runs(model, drafters, temperature, new_tokens)
