@@ -299,6 +299,13 @@ def test_quick_runs_every_table_with_fewer_settings(monkeypatch, tmp_path):
     assert calls["bench_typical"] == {} and calls["bench_pass"] == {} and calls["bench_verification"] == {}
     assert calls["bench_eagle"] == {} and calls["bench_constrained"] == {} and calls["bench_decoders"] == {}
     assert calls["bench_spec_bench"] == {}
+    calls.clear()
+    run.main(["--skip-load", "--repeat", "1", "--json", str(tmp_path / "once.json")])  # the full run, one repeat
+    for name in ["bench_generate", "bench_speculative", "bench_draft_model", "bench_typical", "bench_eagle",
+                 "bench_pass", "bench_spec_bench", "bench_constrained", "bench_decoders"]:
+        assert calls[name]["repeat"] == 1 and "per_task" not in calls[name], name
+    with pytest.raises(SystemExit):
+        run.main(["--skip-load", "--repeat", "0"])
 
 
 def test_runs_combine_into_medians_with_every_run_kept():

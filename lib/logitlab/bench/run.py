@@ -50,6 +50,9 @@ def main(argv=None) -> Table:
                         help="every table, with fewer settings and repeats: 2 timed repeats instead of 3-5, "
                              "Medusa at T=0 and 1 only, PaSS k=1,2,4,8 (two-call) and k=1,2 (single-call), "
                              "one Spec-Bench question per task")
+    parser.add_argument("--repeat", type=int, default=None,
+                        help="timed repeats of each measurement within a run (default: each table's own, 3-5; "
+                             "2 with --quick); with --runs 3, one repeat per run still gives three timings")
     parser.add_argument("--runs", type=int, default=1,
                         help="run the whole selection this many times, one run after the other, and report each row's "
                              "median with the range of its ratio over the runs (the spread a ranking must exceed)")
@@ -57,6 +60,8 @@ def main(argv=None) -> Table:
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error(f"--runs must be at least 1, got {args.runs}")
+    if args.repeat is not None and args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, got {args.repeat}")
     torch.manual_seed(0)
     model, tokenizer = models.load("smollm2-135m", device="cpu")
     # Every Hugging Face row runs on the model as Hugging Face gives it: no fast path.
@@ -114,7 +119,7 @@ def run_repeatedly(args, model, stock, tokenizer) -> tuple[Table, dict | None]:
 def run_sections(args, table: Table, model, stock, tokenizer):
     """Every section that ``args`` does not skip, in the order of the book; returns the fast
     path's time breakdown (None when the verification rows are skipped)."""
-    repeat = {"repeat": 2} if args.quick else {}
+    repeat = {"repeat": args.repeat} if args.repeat else {"repeat": 2} if args.quick else {}
     breakdown = None
     if not args.skip_verification:
         table.section = SECTIONS["verification"]
@@ -128,13 +133,13 @@ def run_sections(args, table: Table, model, stock, tokenizer):
              ("speculative", lambda: (bench_speculative(table, model, tokenizer, stock=stock, **repeat),
                                       bench_draft_model(table, model, tokenizer, stock=stock, **repeat))),
              ("typical", lambda: bench_typical(table, model, tokenizer,
-                                               **(dict(repeat, temperatures=(0.0, 1.0)) if args.quick else {}))),
+                                               **(dict(repeat, temperatures=(0.0, 1.0)) if args.quick else repeat))),
              ("eagle", lambda: bench_eagle(table, model, tokenizer, **repeat)),
              ("constrained", lambda: bench_constrained(table, model, tokenizer, **repeat)),
              ("pass", lambda: bench_pass(table, model, tokenizer,
-                                         **(dict(repeat, ks=(1, 2, 4, 8), single_ks=(1, 2)) if args.quick else {}))),
+                                         **(dict(repeat, ks=(1, 2, 4, 8), single_ks=(1, 2)) if args.quick else repeat))),
              ("spec_bench", lambda: bench_spec_bench(table, model, tokenizer,
-                                                     **(dict(repeat, per_task=1) if args.quick else {}))),
+                                                     **(dict(repeat, per_task=1) if args.quick else repeat))),
              ("decoders", lambda: bench_decoders(table, model, tokenizer, **repeat))]
     for name, run in parts:
         if not getattr(args, f"skip_{name}"):
