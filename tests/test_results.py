@@ -96,3 +96,39 @@ def test_every_ratio_on_the_page_reads_one_way():
         speed, cost, relative = results.reading(r)
         assert (r["ratio"] is None) == (not speed and not cost) and not (speed and cost)
         assert not relative.startswith(("slower", "faster"))
+
+
+def spec_bench_rows(tasks=("translation", "question answering")):
+    """Two tasks at T = 0, ll.generate and one drafter, two runs each."""
+    rows = []
+    for task, (ar, mine, per_call) in zip(tasks, [((4.0, 6.0), (2.0, 4.0), "2.00"), ((3.0, 3.0), (3.0, 2.0), "1.00")]):
+        name = f"2 Spec-Bench {task} prompts, 128 tokens each, T=0"
+        rows.append(dict(measurement=f"ll.generate, {name}", seconds=sum(ar) / 2, ratio=None, against="",
+                         seconds_runs=list(ar), ratios=None, section="S"))
+        rows.append(dict(measurement=f"EAGLE chain (gamma=3) ({per_call} tokens per target pass, accepted by "
+                                     f"position 0.50/0.25/0.10), {name}", seconds=sum(mine) / 2,
+                         ratio=(ar[0] / mine[0] + ar[1] / mine[1]) / 2, against="faster than our AR loop",
+                         seconds_runs=list(mine), ratios=[a / m for a, m in zip(ar, mine)], section="S"))
+    return rows
+
+
+def test_spec_bench_tables_read_every_row_and_sum_the_tasks():
+    run = {"machine": "m", "runs": 2, "rows": spec_bench_rows()}
+    cells = results.spec_bench_cells(run)
+    assert set(cells) == {(0.0, "ll.generate"), (0.0, "EAGLE chain (gamma=3)")}
+    row = cells[(0.0, "EAGLE chain (gamma=3)")]["translation"]
+    assert row["per_call"] == 2.0 and row["first_kept"] == 0.5
+    # All tasks: 2 x 128 tokens at 2 and at 1 token per pass = 128 + 256 passes: 512 / 384 tokens per
+    # pass; ll.generate's 5 + 3 seconds over the drafter's 3 + 2.5, and per run 7/5 and 9/6.
+    per_call, ratio, runs = results.overall(list(cells[(0.0, "EAGLE chain (gamma=3)")].values()),
+                                            list(cells[(0.0, "ll.generate")].values()))
+    assert per_call == pytest.approx(512 / 384) and ratio == pytest.approx(8 / 5.5)
+    assert runs == pytest.approx([7 / 5, 9 / 6])
+    text = results.spec_bench_markdown(run, leaderboard={"EAGLE": (3.58, 2.10), "Hydra": (3.26, 2.07)})
+    assert "| EAGLE chain (gamma=3) | 2.00 (0.50) | 1.00 (0.50) | 1.33 |" in text
+    assert "| 1.45x [1.40-1.50] |" in text
+    assert "| EAGLE | 3.58 | 2.10x | EAGLE chain (gamma=3) | 1.33 | 1.45x |" in text
+    assert "| Hydra | 3.26 | 2.07x | none here | | |" in text
+    bad = dict(spec_bench_rows()[0], measurement="ll.generate, 2 Spec-Bench prompts of a new kind")
+    with pytest.raises(ValueError, match="unknown form"):
+        results.spec_bench_cells({"machine": "m", "rows": [bad]})

@@ -127,6 +127,31 @@ def test_theory():
             expected_tokens(**bad)
     with pytest.raises(ValueError, match="c "):
         speedup(0.5, 2, -1.0)
+    # The loop's own work: 0.2 steps a call on top of 0.1 + 1.5, and 0.1 a token for plain decoding.
+    assert speedup(0.8, 4, 0.1, 1.5, call_overhead=0.2, step_overhead=0.1) == pytest.approx(
+        expected_tokens(0.8, 4) * 1.1 / 2.1)
+    for bad in [dict(call_overhead=-0.1), dict(step_overhead=float("nan")), dict(call_overhead=True)]:
+        with pytest.raises(ValueError, match="overhead"):
+            speedup(0.5, 2, 0.1, **bad)
+
+
+def test_loop_overhead_is_what_the_passes_and_the_drafter_leave():
+    from logitlab.decoding import GenerationResult
+    from logitlab.speculative import SpeculativeResult, loop_overhead
+
+    empty = dict(sequences=[], new_tokens=[], logprobs=[], raw_logprobs=[], finish_reasons=[], prompt_index=[])
+    v = {1: 1.0, 3: 1.2, 4: 1.5}.__getitem__
+    # Three chain calls of 2, 2 and 3 drafts: passes of 1.2 + 1.2 + 1.5 steps of 10 ms = 39 ms; the
+    # drafter took 6 ms and the prefill 50 ms of the 101 ms, which leaves 6 ms: 0.2 steps a call.
+    chain = SpeculativeResult(**empty, seconds=0.101, prefill_seconds=0.050, draft_seconds=0.006, drafted=[2, 2, 3])
+    assert loop_overhead(chain, 0.010, v) == pytest.approx(0.2)
+    # Plain decoding: four steps of one token in 48 ms after the prefill: 0.2 steps each.
+    plain = GenerationResult(**empty, seconds=0.058, prefill_seconds=0.010, step_seconds=[0.012] * 4)
+    assert loop_overhead(plain, 0.010, v) == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="step"):
+        loop_overhead(plain, 0, v)
+    with pytest.raises(ValueError, match="at least one call"):
+        loop_overhead(SpeculativeResult(**empty, seconds=1.0), 0.01, v)
 
 
 # --- the loop on the toy model: exact distributions ---------------------------------------------

@@ -4,6 +4,9 @@ Two files in ``logitlab/data``:
 
 * ``bench_cpu.json``: one whole run of ``python -m logitlab.bench`` on the book's 2-core CPU,
   every row (measurement, median seconds, ratio, what the ratio is against) and the machine;
+* ``bench_spec_bench_cpu.json``: the bench's Spec-Bench section alone (every drafter on the
+  six tasks of the shipped sample, ``logitlab.spec_bench``), run three times on the same CPU
+  (``--runs 3``): each row's median and every run's ratio, the spread a ranking must exceed;
 * ``gpu_pass_costs_h100.json``: the cost of a forward pass of SmolLM2-135M over n new tokens on
   an NVIDIA H100, in float32 and bfloat16, and the one-layer draft model's step over the
   target's (c), measured once with the book's own timing code;
@@ -99,6 +102,94 @@ def write_into_page(page: str | Path, run: dict | None = None) -> None:
     text = page.read_text()
     start, end = text.index(PAGE_BEGIN) + len(PAGE_BEGIN), text.index(PAGE_END)
     page.write_text(text[:start] + "\n\n" + run_markdown(run or bench_run()) + "\n" + text[end:])
+
+
+def spec_bench_run(path: str | Path | None = None) -> dict:
+    """The shipped Spec-Bench run (three runs of the bench's Spec-Bench section), in
+    :func:`bench_run`'s layout."""
+    return bench_run(path or DATA / "bench_spec_bench_cpu.json")
+
+
+# A drafter's row of the Spec-Bench section, e.g. "EAGLE chain (gamma=3) (1.52 tokens per target
+# pass, accepted by position 0.40/0.31/0.25), 2 Spec-Bench translation prompts, 128 tokens each, T=0".
+SPEC_BENCH_ROW = re.compile(r"^(?P<method>.+?)(?: \((?P<per_call>[\d.]+) tokens per target pass, accepted by position "
+                            r"(?P<kept>[\d./]+)\))?, \d+ Spec-Bench (?P<task>.+) prompts, \d+ tokens each, "
+                            r"T=(?P<temperature>[\d.]+)$")
+
+
+def spec_bench_cells(run: dict) -> dict:
+    """``{(temperature, method): {task: row}}`` for every row of the run's Spec-Bench section,
+    each row with its ``per_call`` (tokens per target pass) and ``first_kept`` (the first draft
+    position's acceptance) read from its label; ``ll.generate``'s rows have neither. A row
+    whose label does not parse is a ``ValueError`` (the tables must not drop one silently)."""
+    cells = {}
+    for r in run["rows"]:
+        if "Spec-Bench" not in r["measurement"]:
+            continue
+        match = SPEC_BENCH_ROW.match(r["measurement"])
+        if match is None:
+            raise ValueError(f"a Spec-Bench row of an unknown form: {r['measurement']!r}")
+        kept = match["kept"]
+        row = dict(r, per_call=float(match["per_call"]) if match["per_call"] else None,
+                   first_kept=float(kept.split("/")[0]) if kept else None)
+        cells.setdefault((float(match["temperature"]), match["method"]), {})[match["task"]] = row
+    return cells
+
+
+def overall(rows: list[dict], baseline: list[dict]) -> tuple[float | None, float, list[float]]:
+    """Over several tasks with the same number of new tokens each: tokens per target pass (all
+    tokens over all passes: the harmonic mean of the tasks'), and the speedup as the baseline's
+    total time over the drafter's, for the medians and for each run."""
+    per_call = len(rows) / sum(1 / r["per_call"] for r in rows) if all(r.get("per_call") for r in rows) else None
+    total = lambda rs, key: sum(r[key] for r in rs)  # noqa: E731
+    runs = [sum(b["seconds_runs"][i] for b in baseline) / sum(r["seconds_runs"][i] for r in rows)
+            for i in range(len(rows[0].get("seconds_runs") or []))]
+    return per_call, total(baseline, "seconds") / total(rows, "seconds"), runs
+
+
+def spec_bench_markdown(run: dict, leaderboard: dict | None = None) -> str:
+    """The Spec-Bench run as the benchmarks page shows it: per temperature, one table of tokens
+    per target pass (and the first draft's acceptance) and one of speedups over ``ll.generate``
+    with their spread over the runs, a column per task and one for all six; then the
+    leaderboard's figures (``spec_bench.LEADERBOARD_A100_VICUNA_7B``) beside our T = 0 overall
+    for the methods both have."""
+    from .spec_bench import LEADERBOARD_A100_VICUNA_7B, TASKS
+
+    leaderboard = LEADERBOARD_A100_VICUNA_7B if leaderboard is None else leaderboard
+    cells = spec_bench_cells(run)
+    tasks = [t for t in TASKS if any(t in by_task for by_task in cells.values())]
+    head = "| drafter | " + " | ".join(tasks) + " | all tasks |\n|:---|" + "---:|" * (len(tasks) + 1)
+    parts, ours = [f"Machine: {run['machine']}; {run.get('runs', 1)} runs."], {}
+    for temperature in sorted({t for t, _ in cells}):
+        baseline = [cells[(temperature, "ll.generate")][t] for t in tasks]
+        per_call, speed = [head], [head]
+        for (t, method), by_task in cells.items():
+            if t != temperature or method == "ll.generate":
+                continue
+            rows = [by_task[task] for task in tasks]
+            calls, ratio, runs = overall(rows, baseline)
+            ours[(temperature, method)] = (calls, ratio)
+            per_call.append(f"| {method} | " + " | ".join(f"{r['per_call']:.2f} ({r['first_kept']:.2f})" for r in rows)
+                            + f" | {calls:.2f} |")
+            speed.append(f"| {method} | " + " | ".join(reading(r)[0] for r in rows) + f" | {ratio:.2f}x"
+                         + (f" [{min(runs):.2f}-{max(runs):.2f}]" if len(runs) > 1 else "") + " |")
+        parts.append(f"#### T = {temperature:g}: tokens per target pass (first draft kept)\n\n" + "\n".join(per_call))
+        parts.append(f"#### T = {temperature:g}: speed over ll.generate (median [lowest-highest run])\n\n"
+                     + "\n".join(speed))
+    board = ["| the leaderboard's method | its tokens per call | its speedup | our nearest row | "
+             "our tokens per pass, T = 0 | our speedup, T = 0 |", "|:---|---:|---:|:---|---:|---:|"]
+    for name, (calls, ratio) in leaderboard.items():
+        mine = next(((m, v) for (t, m), v in ours.items() if t == 0 and SPEC_BENCH_NEAREST.get(name, "\0") in m), None)
+        board.append(f"| {name} | {calls:.2f} | {ratio:.2f}x | " + (f"{mine[0]} | {mine[1][0]:.2f} | {mine[1][1]:.2f}x |"
+                                                                   if mine else "none here | | |"))
+    parts.append("#### The leaderboard beside ours (Vicuna-7B on an A100; ours SmolLM2-135M on this CPU)\n\n"
+                 + "\n".join(board))
+    return "\n\n".join(parts) + "\n"
+
+
+# The leaderboard's method -> the start of our row that runs the same kind of drafter.
+SPEC_BENCH_NEAREST = {"prompt lookup (PLD)": "prompt lookup", "draft model (SpS)": "draft model",
+                      "Medusa": "Medusa heads", "EAGLE": "EAGLE chain", "EAGLE-2": "EAGLE tree"}
 
 
 def gpu_pass_costs() -> dict:

@@ -71,19 +71,45 @@ def expected_tokens(alpha: float, gamma: int) -> float:
     return (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
-def speedup(alpha: float, gamma: int, c: float, verify_cost: float = 1.0) -> float:
+def speedup(alpha: float, gamma: int, c: float, verify_cost: float = 1.0, call_overhead: float = 0.0,
+            step_overhead: float = 0.0) -> float:
     """Predicted speedup over plain decoding: tokens per call divided by the cost of a call.
 
-    A call costs ``gamma`` drafter steps (``c`` target steps each) and one target pass over
+    A call costs ``gamma`` drafter steps (``c`` target steps each), one target pass over
     ``gamma + 1`` tokens, which costs ``verify_cost`` target steps (1 in the textbook model,
-    more on a CPU, where scoring several tokens is not free).
+    more on a CPU, where scoring several tokens is not free), and ``call_overhead`` steps of the
+    loop's own work (choosing, accepting, trimming the cache). Plain decoding pays one pass and
+    ``step_overhead`` steps of its own loop per token. Both overheads are 0 in the textbook
+    model; :func:`loop_overhead` reads them from a run's recorded timings.
     """
     alpha, gamma = _check_alpha_gamma(alpha, gamma)
     if isinstance(c, bool) or not isinstance(c, (int, float)) or not c >= 0:
         raise ValueError(f"c (drafter step / target step) must be a number >= 0, got {c!r}")
     if isinstance(verify_cost, bool) or not isinstance(verify_cost, (int, float)) or not verify_cost > 0:
         raise ValueError(f"verify_cost must be a number > 0, got {verify_cost!r}")
-    return expected_tokens(alpha, gamma) / (gamma * c + verify_cost)
+    for name, value in (("call_overhead", call_overhead), ("step_overhead", step_overhead)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise ValueError(f"{name} (the loop's own work, in target steps) must be a number >= 0, got {value!r}")
+    return expected_tokens(alpha, gamma) * (1 + step_overhead) / (gamma * c + verify_cost + call_overhead)
+
+
+def loop_overhead(result: GenerationResult, step: float, verify_cost) -> float:
+    """The loop's own time per target call, in target steps, read from a run's recorded timings:
+    the run without its prefill, less its drafter's time and less every pass at its measured
+    cost (``step`` seconds for a decode step; ``verify_cost(n)``: a pass over n new tokens, in
+    steps), over its calls. For ``ll.generate``'s result (no drafts) every call is one step
+    over one token. A chain's call passes over its drafts and the pending token; a tree's pass
+    sizes are not in its result, so this reads chains and plain decoding only. Negative values
+    are possible: passes timed apart can run slower than inside the loop."""
+    if isinstance(step, bool) or not isinstance(step, (int, float)) or not step > 0:
+        raise ValueError(f"step (seconds of a decode step) must be a number > 0, got {step!r}")
+    drafted = getattr(result, "drafted", None)
+    sizes = [g + 1 for g in drafted] if drafted is not None else [1] * len(result.step_seconds)
+    if not sizes:
+        raise ValueError("result must have made at least one call after its prefill")
+    drafting = getattr(result, "draft_seconds", 0.0)
+    loop = result.seconds - result.prefill_seconds - drafting
+    return (loop / step - sum(verify_cost(n) for n in sizes)) / len(sizes)
 
 
 def _check_alpha_gamma(alpha, gamma):
