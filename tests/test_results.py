@@ -27,7 +27,8 @@ def test_the_prose_about_the_run_quotes_the_run():
     reading = text[text.index("## Summary"):text.index(results.PAGE_BEGIN)]
     quoted = set(re.findall(r"(\d+\.\d\d)x", reading))
     earlier = (ROOT / "book" / "benchmark_history.md").read_text()
-    measured = set(re.findall(r"(\d+\.\d\d)x", results.run_markdown(results.bench_run()) + earlier))
+    tables = results.run_markdown(results.bench_run()) + results.spec_bench_markdown(results.spec_bench_run())
+    measured = set(re.findall(r"(\d+\.\d\d)x", tables + earlier))
     assert quoted and quoted <= measured, f"ratios quoted but not in the run: {sorted(quoted - measured)}"
     assert text.index("## Summary") < text.index(results.PAGE_BEGIN)  # the reading comes first
 
@@ -39,9 +40,30 @@ def test_the_shipped_run_is_one_whole_run():
     # except those added since the shipped run was taken, named here until a new run is shipped.
     from logitlab.bench.run import SECTIONS
 
-    not_yet_shipped = {"spec_bench"}  # added 2026-11-27 (issue 41); its first run ships with issue 41
-    assert sections == [title for key, title in SECTIONS.items() if key not in not_yet_shipped]
+    apart = {"spec_bench"}  # ships in a file of its own, run three times (test below)
+    assert sections == [title for key, title in SECTIONS.items() if key not in apart]
     assert all(r["seconds"] > 0 for r in run["rows"]) and "threads" in run["machine"]
+
+
+def test_the_shipped_spec_bench_run_is_three_runs_of_every_drafter_on_every_task():
+    from logitlab.bench.run import SECTIONS
+    from logitlab.spec_bench import TASKS
+
+    run = results.spec_bench_run()
+    assert run["runs"] == 3 and {r["section"] for r in run["rows"]} == {SECTIONS["spec_bench"]}
+    assert all(len(r["seconds_runs"]) == 3 and (r["ratio"] is None or len(r["ratios"]) == 3) for r in run["rows"])
+    cells = results.spec_bench_cells(run)
+    methods = {m for _, m in cells}
+    assert len(methods) == 7 and {t for t, _ in cells} == {0.0, 1.0}  # ll.generate and six drafters
+    assert all(set(by_task) == set(TASKS) for by_task in cells.values())
+    assert all(row["per_call"] >= 1 for by_task in cells.values() for row in by_task.values() if row["per_call"])
+
+
+def test_the_benchmarks_page_shows_the_shipped_spec_bench_run():
+    text = (ROOT / "book" / "benchmarks.md").read_text()
+    block = text[text.index(results.SPEC_BENCH_BEGIN) + len(results.SPEC_BENCH_BEGIN):text.index(results.SPEC_BENCH_END)]
+    assert block.strip() == results.spec_bench_markdown(results.spec_bench_run()).strip(), \
+        "book/benchmarks.md is stale: run ll.results.write_into_page('book/benchmarks.md')"
 
 
 def test_find_row_wants_exactly_one_match():
@@ -61,9 +83,13 @@ def test_run_markdown_groups_rows_by_section(tmp_path):
     assert text.startswith("Machine: m.") and "### One" in text and "### Two" in text
     assert text.index("| x |  | 500.0 ms |") < text.index("### Two") < text.index("| y |  | 250.0 ms | 2.00x |  | x |")
     page = tmp_path / "page.md"
-    page.write_text(f"head\n{results.PAGE_BEGIN}\nold\n{results.PAGE_END}\ntail\n")
-    results.write_into_page(page, run)
-    assert "old" not in page.read_text() and text in page.read_text() and page.read_text().endswith("tail\n")
+    page.write_text(f"head\n{results.PAGE_BEGIN}\nold\n{results.PAGE_END}\nmiddle\n"
+                    f"{results.SPEC_BENCH_BEGIN}\nolder\n{results.SPEC_BENCH_END}\ntail\n")
+    spec_bench = {"machine": "m", "runs": 2, "rows": spec_bench_rows()}
+    results.write_into_page(page, run, spec_bench)
+    written = page.read_text()
+    assert "old" not in written and text in written and written.endswith("tail\n") and "middle" in written
+    assert results.spec_bench_markdown(spec_bench) in written and "older" not in written
 
 
 def test_gpu_pass_costs_cover_the_sizes_chapter_11_reads():

@@ -91,17 +91,24 @@ def run_markdown(run: dict) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-# The shipped run's tables sit between these two lines of the benchmarks page (MyST comments).
+# The shipped runs' tables sit between these pairs of lines of the benchmarks page (MyST comments).
 PAGE_BEGIN, PAGE_END = "% BEGIN the shipped bench run", "% END the shipped bench run"
+SPEC_BENCH_BEGIN, SPEC_BENCH_END = "% BEGIN the shipped Spec-Bench run", "% END the shipped Spec-Bench run"
 
 
-def write_into_page(page: str | Path, run: dict | None = None) -> None:
+def write_into_page(page: str | Path, run: dict | None = None, spec_bench: dict | None = None) -> None:
     """Replace the tables between ``PAGE_BEGIN`` and ``PAGE_END`` in ``page`` (the benchmarks
-    page) with ``run_markdown(run)`` (default: the shipped run), after a new bench run is shipped."""
+    page) with ``run_markdown(run)`` (default: the shipped run), and those between
+    ``SPEC_BENCH_BEGIN`` and ``SPEC_BENCH_END`` with ``spec_bench_markdown(spec_bench)``
+    (default: the shipped Spec-Bench run), after a new run is shipped."""
     page = Path(page)
     text = page.read_text()
-    start, end = text.index(PAGE_BEGIN) + len(PAGE_BEGIN), text.index(PAGE_END)
-    page.write_text(text[:start] + "\n\n" + run_markdown(run or bench_run()) + "\n" + text[end:])
+    for begin, end, markdown in [(PAGE_BEGIN, PAGE_END, lambda: run_markdown(run or bench_run())),
+                                 (SPEC_BENCH_BEGIN, SPEC_BENCH_END,
+                                  lambda: spec_bench_markdown(spec_bench or spec_bench_run()))]:
+        start, stop = text.index(begin) + len(begin), text.index(end)
+        text = text[:start] + "\n\n" + markdown() + "\n" + text[stop:]
+    page.write_text(text)
 
 
 def spec_bench_run(path: str | Path | None = None) -> dict:
