@@ -155,6 +155,9 @@ def test_spec_bench_tables_read_every_row_and_sum_the_tasks():
     assert "| 1.45x [1.40-1.50] |" in text
     assert "| EAGLE | 3.58 | 2.10x | EAGLE chain (gamma=3) | 1.33 | 1.45x |" in text
     assert "| Hydra | 3.26 | 2.07x | none here | | |" in text
+    none = dict(spec_bench_rows()[1], measurement="prompt lookup (gamma=5) (1.00 tokens per target pass, no drafts "
+                                                   "proposed), 2 Spec-Bench translation prompts, 128 tokens each, T=1")
+    assert results.spec_bench_cells({"rows": [none]})[(1.0, "prompt lookup (gamma=5)")]["translation"]["first_kept"] is None
     bad = dict(spec_bench_rows()[0], measurement="ll.generate, 2 Spec-Bench prompts of a new kind")
     with pytest.raises(ValueError, match="unknown form"):
         results.spec_bench_cells({"machine": "m", "rows": [bad]})

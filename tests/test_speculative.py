@@ -142,14 +142,19 @@ def test_loop_overhead_is_what_the_passes_and_the_drafter_leave():
     empty = dict(sequences=[], new_tokens=[], logprobs=[], raw_logprobs=[], finish_reasons=[], prompt_index=[])
     v = {1: 1.0, 3: 1.2, 4: 1.5}.__getitem__
     # Three chain calls of 2, 2 and 3 drafts: passes of 1.2 + 1.2 + 1.5 steps of 10 ms = 39 ms; the
-    # drafter took 6 ms and the prefill 50 ms of the 101 ms, which leaves 6 ms: 0.2 steps a call.
-    chain = SpeculativeResult(**empty, seconds=0.101, prefill_seconds=0.050, draft_seconds=0.006, drafted=[2, 2, 3])
-    assert loop_overhead(chain, 0.010, v) == pytest.approx(0.2)
+    # drafter's 7 steps at 1 ms (its prompt's pass not counted) and the prefill's 50 ms of the
+    # 102 ms leave 6 ms: 0.2 steps a call. The drafter's recorded time is not what is subtracted.
+    chain = SpeculativeResult(**empty, seconds=0.102, prefill_seconds=0.050, draft_seconds=0.030, drafter_steps=8,
+                              drafted=[2, 2, 3])
+    assert loop_overhead(chain, 0.010, v, draft_step=0.001) == pytest.approx(0.2)
+    assert loop_overhead(chain, 0.010, v) == pytest.approx(0.2 + 0.7 / 3)  # a free drafter: its time is the loop's
     # Plain decoding: four steps of one token in 48 ms after the prefill: 0.2 steps each.
     plain = GenerationResult(**empty, seconds=0.058, prefill_seconds=0.010, step_seconds=[0.012] * 4)
     assert loop_overhead(plain, 0.010, v) == pytest.approx(0.2)
     with pytest.raises(ValueError, match="step"):
         loop_overhead(plain, 0, v)
+    with pytest.raises(ValueError, match="draft_step"):
+        loop_overhead(plain, 0.01, v, draft_step=-1.0)
     with pytest.raises(ValueError, match="at least one call"):
         loop_overhead(SpeculativeResult(**empty, seconds=1.0), 0.01, v)
 

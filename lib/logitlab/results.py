@@ -119,8 +119,8 @@ def spec_bench_run(path: str | Path | None = None) -> dict:
 
 # A drafter's row of the Spec-Bench section, e.g. "EAGLE chain (gamma=3) (1.52 tokens per target
 # pass, accepted by position 0.40/0.31/0.25), 2 Spec-Bench translation prompts, 128 tokens each, T=0".
-SPEC_BENCH_ROW = re.compile(r"^(?P<method>.+?)(?: \((?P<per_call>[\d.]+) tokens per target pass, accepted by position "
-                            r"(?P<kept>[\d./]+)\))?, \d+ Spec-Bench (?P<task>.+) prompts, \d+ tokens each, "
+SPEC_BENCH_ROW = re.compile(r"^(?P<method>.+?)(?: \((?P<per_call>[\d.]+) tokens per target pass, (?:accepted by position "
+                            r"(?P<kept>[\d./]+)|no drafts proposed)\))?, \d+ Spec-Bench (?P<task>.+) prompts, \d+ tokens each, "
                             r"T=(?P<temperature>[\d.]+)$")
 
 
@@ -141,6 +141,11 @@ def spec_bench_cells(run: dict) -> dict:
                    first_kept=float(kept.split("/")[0]) if kept else None)
         cells.setdefault((float(match["temperature"]), match["method"]), {})[match["task"]] = row
     return cells
+
+
+def first_kept(row: dict) -> str:
+    """A row's first-draft acceptance as the tables print it; "-" where no draft was proposed."""
+    return "-" if row["first_kept"] is None else f"{row['first_kept']:.2f}"
 
 
 def overall(rows: list[dict], baseline: list[dict]) -> tuple[float | None, float, list[float]]:
@@ -176,7 +181,7 @@ def spec_bench_markdown(run: dict, leaderboard: dict | None = None) -> str:
             rows = [by_task[task] for task in tasks]
             calls, ratio, runs = overall(rows, baseline)
             ours[(temperature, method)] = (calls, ratio)
-            per_call.append(f"| {method} | " + " | ".join(f"{r['per_call']:.2f} ({r['first_kept']:.2f})" for r in rows)
+            per_call.append(f"| {method} | " + " | ".join(f"{r['per_call']:.2f} ({first_kept(r)})" for r in rows)
                             + f" | {calls:.2f} |")
             speed.append(f"| {method} | " + " | ".join(reading(r)[0] for r in rows) + f" | {ratio:.2f}x"
                          + (f" [{min(runs):.2f}-{max(runs):.2f}]" if len(runs) > 1 else "") + " |")

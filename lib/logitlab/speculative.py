@@ -93,21 +93,26 @@ def speedup(alpha: float, gamma: int, c: float, verify_cost: float = 1.0, call_o
     return expected_tokens(alpha, gamma) * (1 + step_overhead) / (gamma * c + verify_cost + call_overhead)
 
 
-def loop_overhead(result: GenerationResult, step: float, verify_cost) -> float:
+def loop_overhead(result: GenerationResult, step: float, verify_cost, draft_step: float = 0.0) -> float:
     """The loop's own time per target call, in target steps, read from a run's recorded timings:
-    the run without its prefill, less its drafter's time and less every pass at its measured
-    cost (``step`` seconds for a decode step; ``verify_cost(n)``: a pass over n new tokens, in
-    steps), over its calls. For ``ll.generate``'s result (no drafts) every call is one step
-    over one token. A chain's call passes over its drafts and the pending token; a tree's pass
-    sizes are not in its result, so this reads chains and plain decoding only. Negative values
-    are possible: passes timed apart can run slower than inside the loop."""
+    what the cost model does not price. That is the run without its prefill, less every pass at
+    its measured cost (``step`` seconds for a decode step; ``verify_cost(n)``: a pass over n new
+    tokens, in steps) and less the drafter's steps at ``draft_step`` seconds each (its step
+    measured apart, c times ``step``), over its calls: choosing and accepting tokens, recording
+    log-probabilities, trimming caches, the drafter's own bookkeeping. For ``ll.generate``'s
+    result (no drafts) every call is one step over one token. A chain's call passes over its
+    drafts and the pending token; a tree's pass sizes are not in its result, so this reads chains
+    and plain decoding only. Negative values are possible: passes timed apart can run slower than
+    inside the loop."""
     if isinstance(step, bool) or not isinstance(step, (int, float)) or not step > 0:
         raise ValueError(f"step (seconds of a decode step) must be a number > 0, got {step!r}")
+    if isinstance(draft_step, bool) or not isinstance(draft_step, (int, float)) or not draft_step >= 0:
+        raise ValueError(f"draft_step (seconds of a drafter step) must be a number >= 0, got {draft_step!r}")
     drafted = getattr(result, "drafted", None)
     sizes = [g + 1 for g in drafted] if drafted is not None else [1] * len(result.step_seconds)
     if not sizes:
         raise ValueError("result must have made at least one call after its prefill")
-    drafting = getattr(result, "draft_seconds", 0.0)
+    drafting = max(getattr(result, "drafter_steps", 1) - 1, 0) * draft_step  # its prompt's pass is not a draft step
     loop = result.seconds - result.prefill_seconds - drafting
     return (loop / step - sum(verify_cost(n) for n in sizes)) / len(sizes)
 

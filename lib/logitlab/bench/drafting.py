@@ -299,5 +299,7 @@ def bench_eagle(table: Table, model, tokenizer, new_tokens: int = 128, gamma: in
 def by_position(results) -> str:
     """The acceptance rate of each draft position over ``results``: kept / reached."""
     depth = max(max(r.drafted, default=0) for r in results)  # a tree's depth, a chain's gamma
+    if depth == 0:  # no call drafted anything (a lookup that never matched)
+        return ", no drafts proposed"
     kept, reached = (sum(counts) for counts in zip(*(r.acceptance_counts(depth) for r in results)))
     return ", accepted by position " + "/".join(f"{k / max(n, 1):.2f}" for k, n in zip(kept.tolist(), reached.tolist()))
