@@ -185,8 +185,8 @@ def spec_bench_markdown(run: dict, leaderboard: dict | None = None) -> str:
                             + f" | {calls:.2f} |")
             speed.append(f"| {method} | " + " | ".join(reading(r)[0] for r in rows) + f" | {ratio:.2f}x"
                          + (f" [{min(runs):.2f}-{max(runs):.2f}]" if len(runs) > 1 else "") + " |")
-        parts.append(f"#### T = {temperature:g}: tokens per target pass (first draft kept)\n\n" + "\n".join(per_call))
-        parts.append(f"#### T = {temperature:g}: speed over ll.generate (median [lowest-highest run])\n\n"
+        parts.append(f"### T = {temperature:g}: tokens per target pass (first draft kept)\n\n" + "\n".join(per_call))
+        parts.append(f"### T = {temperature:g}: speed over ll.generate (median [lowest-highest run])\n\n"
                      + "\n".join(speed))
     board = ["| the leaderboard's method | its tokens per call | its speedup | our nearest row | "
              "our tokens per pass, T = 0 | our speedup, T = 0 |", "|:---|---:|---:|:---|---:|---:|"]
@@ -194,7 +194,7 @@ def spec_bench_markdown(run: dict, leaderboard: dict | None = None) -> str:
         mine = next(((m, v) for (t, m), v in ours.items() if t == 0 and SPEC_BENCH_NEAREST.get(name, "\0") in m), None)
         board.append(f"| {name} | {calls:.2f} | {ratio:.2f}x | " + (f"{mine[0]} | {mine[1][0]:.2f} | {mine[1][1]:.2f}x |"
                                                                    if mine else "none here | | |"))
-    parts.append("#### The leaderboard beside ours (Vicuna-7B on an A100; ours SmolLM2-135M on this CPU)\n\n"
+    parts.append("### The leaderboard beside ours (Vicuna-7B on an A100; ours SmolLM2-135M on this CPU)\n\n"
                  + "\n".join(board))
     return "\n\n".join(parts) + "\n"
 
