@@ -1,6 +1,6 @@
 """The measurements the book ships, for the closing chapter ("Choosing a decoder").
 
-Two files in ``logitlab/data``:
+Four files in ``logitlab/data``:
 
 * ``bench_cpu.json``: one whole run of ``python -m logitlab.bench`` on the book's 2-core CPU,
   every row (measurement, median seconds, ratio, what the ratio is against) and the machine;
@@ -159,6 +159,11 @@ def overall(rows: list[dict], baseline: list[dict]) -> tuple[float | None, float
     return per_call, total(baseline, "seconds") / total(rows, "seconds"), runs
 
 
+# The leaderboard's method -> the start of our row that runs the same kind of drafter.
+SPEC_BENCH_NEAREST = {"prompt lookup (PLD)": "prompt lookup", "draft model (SpS)": "draft model",
+                      "Medusa": "Medusa heads", "EAGLE": "EAGLE chain", "EAGLE-2": "EAGLE tree"}
+
+
 def spec_bench_markdown(run: dict, leaderboard: dict | None = None) -> str:
     """The Spec-Bench run as the benchmarks page shows it: per temperature, one table of tokens
     per target pass (and the first draft's acceptance) and one of speedups over ``ll.generate``
@@ -198,10 +203,6 @@ def spec_bench_markdown(run: dict, leaderboard: dict | None = None) -> str:
                  + "\n".join(board))
     return "\n\n".join(parts) + "\n"
 
-
-# The leaderboard's method -> the start of our row that runs the same kind of drafter.
-SPEC_BENCH_NEAREST = {"prompt lookup (PLD)": "prompt lookup", "draft model (SpS)": "draft model",
-                      "Medusa": "Medusa heads", "EAGLE": "EAGLE chain", "EAGLE-2": "EAGLE tree"}
 
 
 def gpu_pass_costs() -> dict:
