@@ -8,7 +8,8 @@ import numpy as np
 import torch
 from test_speculative import tiny_llama
 
-from logitlab.training.corpus import batches, build_prompts, cut_at_stop, save_tokens, shingles
+from logitlab.training.corpus import (batches, build_prompts, cut_at_stop, load_tokens, save_tokens, shingles,
+                                      teacher_forced_rows)
 from logitlab.training.data import generate_with_logits, split_held_out, steps_within
 from logitlab.training.medusa import training_tensors
 
@@ -75,6 +76,19 @@ def test_token_file_keeps_each_answer_and_its_prompt(tmp_path):
     assert z["new"].tolist() == [49151, 7, 8] and z["length"].tolist() == [2, 1]
     assert z["prompt"].tolist() == [3, 3] and z["temperature"].tolist() == [0.0, 1.0]
     assert json.loads(str(z["about"])) == {"device": "test"}
+
+
+def test_a_resumed_corpus_recomputes_the_logits_generation_recorded(tmp_path):
+    model = tiny_llama(2, 0, vocab=12)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    rows = generate_with_logits(model, prompts, [0.0, 1.0, 1.0], 12, 4, torch.Generator().manual_seed(0))
+    save_tokens(rows, [0, 1, 2], tmp_path / "t.npz")
+    sources, answers = load_tokens(tmp_path / "t.npz")
+    assert sources == [0, 1, 2] and answers == [r[0][r[1]:].tolist() for r in rows]
+    again = teacher_forced_rows(model, prompts, answers, k=4, batch=2)  # two batches, right padding
+    for (tokens, start, v, i), (t2, s2, v2, i2) in zip(rows, again):
+        assert torch.equal(tokens, t2) and start == s2 and torch.equal(i, i2)
+        torch.testing.assert_close(v.float(), v2.float(), atol=2e-3, rtol=0)
 
 
 def test_held_out_split_also_splits_prompts_only_the_data_knows():

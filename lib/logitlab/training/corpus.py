@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from ..devices import generator as seeded_generator
+from ..devices import model_device
 from .data import TEMPLATES, TOPICS, chat, generate_with_logits, machine
 
 # Where each source comes from, and its licence (all allow training a model on them).
@@ -140,6 +141,36 @@ def generate_corpus(model, tok, texts: list[str], seconds: float, batch: int, ma
     return rows, sources
 
 
+def load_tokens(path: Path) -> tuple[list[int], list[list[int]]]:
+    """A token file's rows: each row's prompt (an index into the prompts file) and its answer."""
+    import numpy as np
+
+    z = np.load(path)
+    new, lengths = z["new"].astype(np.int64), z["length"].tolist()  # each z[...] reads the file again
+    ends = np.cumsum(lengths).tolist()
+    return z["prompt"].tolist(), [new[e - n: e].tolist() for e, n in zip(ends, lengths)]
+
+
+@torch.inference_mode()
+def teacher_forced_rows(model, prompts: list[list[int]], answers: list[list[int]], k: int = 64, batch: int = 64):
+    """Rows ``(tokens, new_from, topv, topi)`` for answers made earlier (a token file): one pass over
+    each prompt and answer records the target's top-``k`` logits at the positions that predict the
+    answer, which generating it recorded as it went. Right padding: causal, so harmless."""
+    device, rows = model_device(model), []
+    for b in range(0, len(prompts), batch):
+        seqs = [p + a for p, a in zip(prompts[b: b + batch], answers[b: b + batch])]
+        ids = torch.zeros(len(seqs), max(map(len, seqs)), dtype=torch.long, device=device)
+        mask = torch.zeros_like(ids)
+        for j, s in enumerate(seqs):
+            ids[j, : len(s)], mask[j, : len(s)] = torch.tensor(s, device=device), 1
+        hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        for j, s in enumerate(seqs):
+            start = len(prompts[b + j])
+            v, i = model.lm_head(hidden[j, start - 1: len(s) - 1]).float().topk(k, dim=-1)
+            rows.append((torch.tensor(s), start, v.half().cpu(), i.int().cpu()))
+    return rows
+
+
 def save_tokens(rows, sources: list[int], path: Path, **about) -> None:
     """The answers alone, compactly (a few MB for millions of tokens): each row's prompt as an
     index into the prompts file, its temperature, and its new tokens as 16-bit ids."""
@@ -171,6 +202,8 @@ def main(argv=None):
     g.add_argument("--device", help="cuda, mps or cpu (default: the best there is)")
     g.add_argument("--out", type=Path, required=True, help="the rows, as a torch file")
     g.add_argument("--tokens", type=Path, help="also the answers' token ids alone, as a small .npz file")
+    g.add_argument("--resume", type=Path, help="a token file made earlier from the same prompts: its answers "
+                   "are kept (their logits recomputed in one pass) and their prompts not answered again")
     args = parser.parse_args(argv)
 
     if args.command == "prompts":
@@ -185,15 +218,23 @@ def main(argv=None):
 
     model, tok = ll.load("smollm2-135m", device=args.device)
     texts = [r["text"] for r in read_jsonl(args.prompts)]
-    start = time.perf_counter()
-    rows, sources = generate_corpus(model, tok, texts, args.seconds, args.batch, args.max_new, args.max_prompt)
+    start, old, old_sources = time.perf_counter(), [], []
+    if args.resume:
+        old_sources, answers = load_tokens(args.resume)
+        old = teacher_forced_rows(model, [chat(tok, texts[i]) for i in old_sources], answers)
+        print(f"{len(old)} rows of {args.resume} recomputed in {time.perf_counter() - start:.0f} s", flush=True)
+    done = set(old_sources)
+    todo = [i for i in range(len(texts)) if i not in done]
+    rows, sources = generate_corpus(model, tok, [texts[i] for i in todo], args.seconds, args.batch, args.max_new,
+                                    args.max_prompt)
+    rows, sources = old + rows, old_sources + [todo[i] for i in sources]
     seconds = time.perf_counter() - start
     torch.save(rows, args.out)
     made = sum(len(r[2]) for r in rows)
     print(f"{len(rows)} rows, {made} new tokens in {seconds:.0f} s ({made / seconds:.0f} tokens/s) on {model.device}")
     if args.tokens:
         save_tokens(rows, sources, args.tokens, seconds=round(seconds), prompts=str(args.prompts),
-                    device=machine(model), max_new=args.max_new)
+                    device=machine(model), max_new=args.max_new, resumed=str(args.resume or ""))
 
 
 if __name__ == "__main__":
