@@ -5,12 +5,14 @@ the compact token file, the held-out split by prompt, and a training time budget
 import json
 
 import numpy as np
+import pytest
 import torch
 from test_speculative import tiny_llama
 
 from logitlab.training.corpus import (batches, build_prompts, cut_at_stop, load_tokens, save_tokens, shingles,
                                       teacher_forced_rows)
 from logitlab.training.data import generate_with_logits, split_held_out, steps_within
+from logitlab.training.draft import train as train_draft
 from logitlab.training.medusa import training_tensors
 
 
@@ -102,6 +104,15 @@ def test_held_out_split_also_splits_prompts_only_the_data_knows():
     new = [row([7]), row([8]), row([7]), row([9])]  # listed + [7, 8, 9]: every second is 1, 3, 8
     train, held = split_held_out(new, listed, every=2)
     assert [r[0][0].item() for r in held] == [8] and [r[0][0].item() for r in train] == [7, 7, 9]
+    with pytest.raises(ValueError, match="one prompt in 2 leaves 0 rows to train on and 2"):
+        split_held_out([row([1]), row([1])], listed, every=2)  # its only prompt is held out
+    with pytest.raises(ValueError, match="leaves 1 rows to train on and 0 to measure"):
+        split_held_out([row([2])], listed, every=2)
+
+
+def test_draft_training_rejects_a_batch_larger_than_the_data():
+    with pytest.raises(ValueError, match="batch must be between 1 and the 2 training rows, got 3"):
+        train_draft(None, [0, 1], steps=1, lr=1e-3, batch=3)
 
 
 def test_steps_within_a_time_budget():

@@ -210,7 +210,11 @@ def split_held_out(data, prompts: list[list[int]], every: int) -> tuple[list, li
             listed.append(key)
     held_prompts = set(listed[::every])
     held = [r for r in data if tuple(r[0][: r[1]].tolist()) in held_prompts]
-    return [r for r in data if tuple(r[0][: r[1]].tolist()) not in held_prompts], held
+    train = [r for r in data if tuple(r[0][: r[1]].tolist()) not in held_prompts]
+    if not train or not held:  # a trainer would fail later, deep inside its first measurement
+        raise ValueError(f"data: holding out one prompt in {every} leaves {len(train)} rows to train on and "
+                         f"{len(held)} to measure; both need some (more prompts, or another held-out-every)")
+    return train, held
 
 
 def choose_vocabulary(data, vocab_size: int, size: int) -> torch.Tensor:

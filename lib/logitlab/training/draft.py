@@ -89,6 +89,8 @@ def train(draft, data, steps: int, lr: float, batch: int = 8, kind: str = "kl", 
           seconds: float | None = None):
     """AdamW, warm-up and cosine decay; with ``seconds``, fewer steps where ``steps`` would take
     longer (from the speed of the first 20). Returns ``(step, mean loss)`` every ``log_every``."""
+    if not 1 <= batch <= len(data):
+        raise ValueError(f"batch must be between 1 and the {len(data)} training rows, got {batch!r}")
     rng = random.Random(seed)
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
