@@ -306,6 +306,9 @@ def test_quick_runs_every_table_with_fewer_settings(monkeypatch, tmp_path):
         assert calls[name]["repeat"] == 1 and "per_task" not in calls[name], name
     with pytest.raises(SystemExit):
         run.main(["--skip-load", "--repeat", "0"])
+    calls.clear()
+    run.main(["--skip-load", "--skip-sampling", "--skip-verification", "--json", str(tmp_path / "some.json")])
+    assert "bench_sampling" not in calls and "bench_verification" not in calls and "bench_spec_bench" in calls
 
 
 def test_runs_combine_into_medians_with_every_run_kept():

@@ -29,6 +29,8 @@ def main(argv=None) -> Table:
                         help="skip the decode-step and verification-pass rows (about 2 min)")
     parser.add_argument("--skip-llama-cpp", action="store_true",
                         help="skip the llama.cpp rows (they run only where llama-cpp-python is installed)")
+    parser.add_argument("--skip-sampling", action="store_true",
+                        help="skip the sampling and truncation rows on a batch of logits (about 1 min)")
     parser.add_argument("--skip-generate", action="store_true", help="skip the decoding-loop rows (about 2 min)")
     parser.add_argument("--skip-parallel", action="store_true",
                         help="skip the batch, tree and beam-search rows (about 1 min)")
@@ -126,9 +128,8 @@ def run_sections(args, table: Table, model, stock, tokenizer):
         breakdown = bench_verification(table, model, stock, tokenizer, **({"rounds": 4} if args.quick else {}))
         if not args.skip_llama_cpp:
             bench_llama_cpp(table, model, cached_prefix(tokenizer))
-    table.section = SECTIONS["sampling"]
-    bench_sampling(table, model, tokenizer)
-    parts = [("generate", lambda: bench_generate(table, model, tokenizer, stock=stock, **repeat)),
+    parts = [("sampling", lambda: bench_sampling(table, model, tokenizer)),
+             ("generate", lambda: bench_generate(table, model, tokenizer, stock=stock, **repeat)),
              ("parallel", lambda: bench_parallel(table, model, tokenizer, stock=stock)),
              ("speculative", lambda: (bench_speculative(table, model, tokenizer, stock=stock, **repeat),
                                       bench_draft_model(table, model, tokenizer, stock=stock, **repeat))),
