@@ -16,7 +16,8 @@ prompts the drafters are measured on). The second needs a GPU to finish in minut
 answers every prompt twice, greedily and at T = 1, until its end-of-turn token or ``--max-new``
 tokens, recording its top-64 logits at every new position (the rows every trainer reads, see
 ``logitlab.training.data``). ``--tokens`` also writes the answers' token ids alone (a few MB),
-from which the rest is recomputed by teacher forcing.
+from which the rest is recomputed by teacher forcing: ``--resume`` takes such a file, keeps its
+answers and answers only the other prompts, so that a corpus grows over several short GPU runs.
 """
 
 from __future__ import annotations
