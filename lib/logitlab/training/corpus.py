@@ -226,13 +226,16 @@ def main(argv=None):
         print(f"{len(old)} rows of {args.resume} recomputed in {time.perf_counter() - start:.0f} s", flush=True)
     done = set(old_sources)
     todo = [i for i in range(len(texts)) if i not in done]
+    start = time.perf_counter()  # the generation's own speed, apart from the recomputed rows
     rows, sources = generate_corpus(model, tok, [texts[i] for i in todo], args.seconds, args.batch, args.max_new,
                                     args.max_prompt)
+    seconds, made = time.perf_counter() - start, sum(len(r[2]) for r in rows)
+    print(f"{len(rows)} rows, {made} new tokens in {seconds:.0f} s ({made / max(seconds, 1e-9):.0f} tokens/s) "
+          f"on {model.device}")
     rows, sources = old + rows, old_sources + [todo[i] for i in sources]
-    seconds = time.perf_counter() - start
+    if old:
+        print(f"{len(rows)} rows and {sum(len(r[2]) for r in rows)} new tokens in all")
     torch.save(rows, args.out)
-    made = sum(len(r[2]) for r in rows)
-    print(f"{len(rows)} rows, {made} new tokens in {seconds:.0f} s ({made / seconds:.0f} tokens/s) on {model.device}")
     if args.tokens:
         save_tokens(rows, sources, args.tokens, seconds=round(seconds), prompts=str(args.prompts),
                     device=machine(model), max_new=args.max_new, resumed=str(args.resume or ""))
