@@ -204,7 +204,6 @@ def spec_bench_markdown(run: dict, leaderboard: dict | None = None) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-
 def gpu_pass_costs() -> dict:
     """The H100 measurements: ``pass_seconds[dtype][n]`` (n as a string) and ``c_draft_model_float32``."""
     return json.loads((DATA / "gpu_pass_costs_h100.json").read_text())
