@@ -4,7 +4,7 @@
 #   make test   the same set-up, then everything CI checks: library tests, every chapter
 #               executed once (tests/test_chapters.py: each exercise run without its solution,
 #               then with it), the book built with warnings as errors from those executed
-#               chapters, the site opened in a browser; then `make test-lower`
+#               chapters, the site opened in a browser; beside those, `make test-lower`
 #   make test-lower   the library tests again, in a second venv (.venv-lower) holding the lowest
 #               versions pyproject.toml allows
 #
@@ -27,7 +27,7 @@ SMOLLM2_VERSION := 0.1.2
 # The executed chapters and the site built from them (not under _build, which the book build owns).
 SCRATCH := _scratch
 
-.PHONY: book test test-lower setup clean student publish
+.PHONY: book test test-chapters test-site test-lower setup clean student publish
 
 setup: $(INSTALLED) $(VENDORED)
 
@@ -63,20 +63,29 @@ book: setup
 # at nearly full speed each. The chapters come first (tests/conftest.py orders them, longest
 # first) and are handed out one at a time (--maxschedchunk=1; by default the first worker would
 # get them all in its first chunk), so the long notebooks start at once on every worker and the
-# short tests fill in at the end. The book is built in a second call, once every chapter has run
-# (test_book.py checks that each executed copy is newer than the start of the first call).
+# short tests fill in at the end.
 PARALLEL := -n auto --maxprocesses=4 --maxschedchunk=1
 # One short chapter also through nbmake, the way a reader runs a chapter as a test (README).
 NBMAKE := --nbmake chapters/01_logits_and_temperature.ipynb
 ONE_THREAD := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
+# `make test` in two stages, each a pair of jobs, so that no core waits for a single-process job:
+# first the library's tests and every chapter (test-chapters) while .venv-lower installs beside
+# them; then the book built from the executed chapters and opened in a browser (test-site, one
+# process most of its time) beside `make test-lower`. The second stage prints each job's output
+# whole when the job ends. test-site checks that each executed chapter is newer than the start
+# of test-chapters, which that job writes to $(SCRATCH)/started.
 test: setup
-	rm -rf $(SCRATCH) && mkdir -p $(SCRATCH)/chapters
-	start=$$(date +%s.%N) && \
+	$(MAKE) --no-print-directory -j2 test-chapters $(LOWER_INSTALLED)
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-site test-lower
+
+test-chapters: setup
+	rm -rf $(SCRATCH) && mkdir -p $(SCRATCH)/chapters && date +%s.%N > $(SCRATCH)/started
 	$(ONE_THREAD) LOGITLAB_EXECUTED_DIR=$(CURDIR)/$(SCRATCH)/chapters $(PY) -m pytest tests --ignore=tests/test_book.py \
-		--ignore=tests/test_site_in_browser.py $(NBMAKE) $(PARALLEL) --durations=30 && \
-	LOGITLAB_EXECUTED_SINCE=$$start $(PY) -m pytest -rs tests/test_book.py tests/test_site_in_browser.py
-	$(MAKE) --no-print-directory test-lower
+		--ignore=tests/test_site_in_browser.py $(NBMAKE) $(PARALLEL) --durations=30
+
+test-site: setup
+	LOGITLAB_EXECUTED_SINCE=$$(cat $(SCRATCH)/started) $(PY) -m pytest -rs tests/test_book.py tests/test_site_in_browser.py
 
 # The student edition: the repository of _config.yml written into every chapter's setup cell
 # and student/chapters/ written (committed: each chapter's Colab button in the student
@@ -130,7 +139,7 @@ $(LOWER_INSTALLED): pyproject.toml requirements.txt
 # The model cache is this venv's own: transformers 4 cannot read one that transformers 5 wrote
 # (its tokenizer class is unknown to 4, and the rope base in its config.json is read as 10000).
 test-lower: $(LOWER_INSTALLED)
-	$(ONE_THREAD) LOGITLAB_CACHE=$(CURDIR)/$(LOWER_VENV)/cache $(LOWER_PY) -m pytest tests -m "not slow" $(PARALLEL) \
+	$(ONE_THREAD) LOGITLAB_CACHE=$(CURDIR)/$(LOWER_VENV)/cache $(LOWER_PY) -m pytest tests -m "not slow" $(PARALLEL) -p no:cacheprovider \
 		--ignore=tests/test_book.py --ignore=tests/test_book_sources.py --ignore=tests/test_site_in_browser.py --ignore=tests/test_notebooks.py --ignore=tests/test_chapters.py --ignore=tests/test_course.py --ignore=tests/test_otter_bridge.py --ignore=tests/test_grade.py --ignore=tests/test_publish.py \
 		--ignore=tests/test_assignments.py --deselect tests/test_processors.py::test_penalties_ignore_ids_outside_the_vocabulary
 
