@@ -140,6 +140,54 @@ def test_a_fixed_tree_is_the_dynamic_tree_that_expands_every_node():
         assert torch.equal(dynamic.tokens, fixed.tokens) and dynamic.rows() == fixed.rows()
 
 
+@pytest.mark.parametrize("settings", [dict(temperature=0), dict(temperature=1.0), dict(temperature=0.7, top_p=0.8),
+                                      dict(temperature=1.3, top_n_sigma=1.0), dict(temperature=1.0, top_k=20),
+                                      dict(temperature=0.9, min_p=0.2, typical_p=0.9), dict(temperature=1.0, eta_cutoff=0.05),
+                                      dict(temperature=1.0, top_h=0.5)],
+                         ids=["T=0", "T=1", "top-p", "top-nsigma", "top-k above K", "min-p typical", "eta", "top-H"])
+def test_tree_nodes_are_ranked_on_the_scored_tokens_as_on_the_whole_vocabulary(settings):
+    # The tree ranks nodes on the K tokens the output layer scores; on the whole vocabulary (the
+    # others at -inf) every rule must give the same log-probabilities to those K and -inf elsewhere.
+    target = tiny_llama(2, seed=0, vocab=16)
+    vocab = torch.tensor([7, 2, 11, 5, 3, 13, 0, 9])  # out of order, half the vocabulary
+    drafter = FeatureDrafter(target, vocab=vocab)
+    h = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(0)) * 3
+    config = SamplingConfig(**settings)
+    full = drafter.logits(h)
+    if config.temperature > 0:
+        full = ll.sampling.process_logits(full.reshape(-1, 16), config).view(full.shape)
+    expected = torch.log_softmax(full, dim=-1)
+    got = EagleDrafter(drafter).confidence(h, config)
+    assert got.shape == (3, 4, len(vocab))
+    torch.testing.assert_close(got, expected[..., vocab], rtol=0, atol=1e-5)
+    outside = torch.ones(16, dtype=torch.bool)
+    outside[vocab] = False
+    assert expected[..., outside].isneginf().all()
+    cuts = settings.keys() - {"temperature", "top_k"}  # top-k 20 keeps all K = 8: the k > K path
+    assert got.isneginf().any() == bool(cuts)  # each rule does cut some of the K tokens here
+
+
+@pytest.mark.parametrize("tree", [dict(top_k=3, nodes=6), dict(branching=(3, 2))], ids=["dynamic", "fixed"])
+def test_a_tree_on_part_of_the_vocabulary_proposes_only_its_tokens_and_stays_greedy(tree):
+    target = tiny_llama(2, seed=0, vocab=16)
+    vocab = torch.tensor([7, 2, 11, 5, 3, 13, 0, 9])
+    drafter = FeatureDrafter(target, vocab=vocab)
+
+    class Proposals(EagleDrafter):  # keeps every tree it proposes
+        def propose(self, *args, **kwargs):
+            proposed = super().propose(*args, **kwargs)
+            self.trees = getattr(self, "trees", []) + [proposed]
+            return proposed
+
+    drafting = Proposals(drafter, tree=tree)
+    prompts = [[1, 2, 3], [4, 5]]
+    run = speculative_generate(target, drafting, prompts, gamma=2, max_new_tokens=20, temperature=0, eos_token_id=[])
+    plain = ll.generate(target, prompts, max_new_tokens=20, temperature=0, eos_token_id=[])
+    assert [t.tolist() for t in run.new_tokens] == [t.tolist() for t in plain.new_tokens]
+    proposed = torch.cat([t.tokens.flatten() for t in drafting.trees])
+    assert set(proposed.tolist()) <= set(vocab.tolist()) and len(set(proposed.tolist())) > 3
+
+
 @pytest.mark.parametrize("tree", [None, dict(top_k=2, nodes=5), dict(top_k=3, nodes=8), dict(branching=(3, 2, 1)),
                                   dict(branching=(2, 2, 2, 2))], ids=["chain", "k2", "k3", "fixed321", "fixed2222"])
 def test_chains_and_dynamic_trees_are_greedy_in_a_batch(trained, tree):

@@ -324,7 +324,11 @@ class SubsetHead(torch.nn.Module):
         self.register_buffer("vocab", vocab, persistent=False)
         self.register_buffer("rows", embedding.detach()[vocab].clone(), persistent=False)  # [K, hidden]
 
+    def scores(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The logits of the ``K`` scored tokens only, ``[..., K]`` (token ``vocab[i]`` at ``i``)."""
+        return hidden @ self.rows.T
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        small = hidden @ self.rows.T  # [..., K]
+        small = self.scores(hidden)  # [..., K]
         logits = small.new_full((*small.shape[:-1], self.vocab_size), float("-inf"))
         return logits.index_copy_(-1, self.vocab, small)

@@ -222,7 +222,9 @@ class EagleDrafter(Drafter):
         fixed = "branching" in self.tree
         widths = list(self.tree["branching"][:depth]) if fixed else [self.tree["top_k"]] * depth
         batch, device = len(h), h.device
+        vocab = self.drafter.lm_head.vocab  # confidence scores these tokens only: topk gives indices into it
         scores, tokens = self.confidence(h, config).topk(widths[0], dim=-1)  # level 1: the root's best children
+        tokens = vocab[tokens]
         all_tokens, all_scores, all_parents = [tokens], [scores], [torch.full_like(tokens, -1)]
         fed, fed_scores, fed_states = tokens, scores, h[:, None].expand(-1, widths[0], -1)  # parents' predicted features
         fed_index = torch.arange(widths[0], device=device).expand(batch, -1)  # the fed nodes' candidate indices
@@ -233,6 +235,7 @@ class EagleDrafter(Drafter):
             out = self.feed_tree(fed_states, fed, seen)  # [B, m, H], the m nodes of the last level
             m = fed.shape[1]
             child_scores, child_tokens = self.confidence(out, config).topk(width, dim=-1)  # [B, m, width]
+            child_tokens = vocab[child_tokens]
             cumulative = (fed_scores[..., None] + child_scores).flatten(1)  # [B, m * width]
             first = sum(t.shape[1] for t in all_tokens)
             all_tokens.append(child_tokens.flatten(1))
@@ -252,8 +255,12 @@ class EagleDrafter(Drafter):
 
     def confidence(self, h, config) -> torch.Tensor:
         """The drafter's log-probabilities used to rank nodes: at the sampling temperature and
-        truncation (the drafter's own distribution at T = 0)."""
-        logits = self.drafter.logits(h)
+        truncation (the drafter's own distribution at T = 0), over the tokens its output layer
+        scores only (``lm_head.vocab``; index i is token ``vocab[i]``). The others are at -inf in
+        ``logits`` and are never chosen; every truncation rule leaves -inf tokens out of its
+        statistics, so dropping them changes no kept set, and it spares a write, a softmax and a
+        top-k over the whole vocabulary for every node of every level."""
+        logits = self.drafter.lm_head.scores(h).float()
         if config.temperature > 0:
             logits = process_logits(logits.reshape(-1, logits.shape[-1]), config).view(logits.shape)
         return torch.log_softmax(logits, dim=-1)
