@@ -60,10 +60,10 @@ book: setup
 # Tests run in parallel (pytest-xdist), one worker per core up to four, each with one torch
 # thread: a decode step barely uses a second thread (on the 2-core CI machine, 48 greedy tokens
 # took 3.4 s with two threads and 4.3 s with one), while two one-thread processes run side by side
-# at nearly full speed each. The chapters come first (tests/conftest.py orders them, longest
-# first) and are handed out one at a time (--maxschedchunk=1; by default the first worker would
-# get them all in its first chunk), so the long notebooks start at once on every worker and the
-# short tests fill in at the end.
+# at nearly full speed each. The longest tests come first (tests/conftest.py orders them: the
+# chapters and two training tests, longest first, then the other slow ones) and are handed out one
+# at a time (--maxschedchunk=1; by default the first worker would get them all in its first
+# chunk), so the long tests start at once on every worker and the short ones fill in at the end.
 PARALLEL := -n auto --maxprocesses=4 --maxschedchunk=1
 # One short chapter also through nbmake, the way a reader runs a chapter as a test (README).
 NBMAKE := --nbmake chapters/01_logits_and_temperature.ipynb

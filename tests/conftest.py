@@ -12,19 +12,26 @@ def pytest_configure(config):
     )
 
 
-# The chapters that take longest on the 2-core CPU, run first so that they do not end the run.
-LONGEST_CHAPTERS = ["02_", "04_", "07_", "06_", "09_", "08_", "03_", "05_"]
+# The tests that take longest on the 2-core CPU (a full `make test` run's durations, longest
+# first), run first so that they do not end the run: a worker that starts a long test near the end
+# leaves the other core idle until it finishes.
+LONGEST = ["[06_", "lookahead_slot_is_accepted_on_counting", "[04_", "[07_", "medusa_head_is_accepted_on_counting",
+           "[02_", "[09_", "[08_", "[05_", "[03_", "[11_", "[10_", "[01_"]
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Run the chapters first, the longest first; build the book last, and open it in a browser
-    after that: the book renders the chapters that tests/test_chapters.py executed in this run."""
+    """Run the longest tests first (the chapters among them), then the other tests marked slow,
+    then the rest; build the book last, and open it in a browser after that: the book renders
+    the chapters that tests/test_chapters.py executed in this run."""
 
     def order(item):
         path = str(item.fspath)
-        if path.endswith("test_chapters.py") and "runs_with_and_without" in item.name:
-            rank = next((i for i, c in enumerate(LONGEST_CHAPTERS) if f"[{c}" in item.name), len(LONGEST_CHAPTERS))
+        if "test_book.py" in path or "test_site_in_browser.py" in path:
+            return (3 + ("test_site_in_browser.py" in path), 0)
+        rank = next((i for i, name in enumerate(LONGEST) if name in item.nodeid), None)
+        if rank is not None and (path.endswith("test_draft_positions.py") or "runs_with_and_without" in item.name):
             return (0, rank)
-        return (1 + ("test_book.py" in path) + 2 * ("test_site_in_browser.py" in path), 0)
+        slow = item.get_closest_marker("slow") or path.endswith(".ipynb")  # .ipynb: a chapter run by nbmake
+        return (1 if slow else 2, 0)
 
     items.sort(key=order)
