@@ -85,7 +85,7 @@ test-chapters: setup
 		--ignore=tests/test_site_in_browser.py $(NBMAKE) $(PARALLEL) --durations=30
 
 test-site: setup
-	LOGITLAB_EXECUTED_SINCE=$$(cat $(SCRATCH)/started) $(PY) -m pytest -rs tests/test_book.py tests/test_site_in_browser.py
+	LOGITLAB_EXECUTED_SINCE=$$(cat $(SCRATCH)/started 2>/dev/null) $(PY) -m pytest -rs tests/test_book.py tests/test_site_in_browser.py
 
 # The student edition: the repository of _config.yml written into every chapter's setup cell
 # and student/chapters/ written (committed: each chapter's Colab button in the student

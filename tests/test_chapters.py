@@ -29,14 +29,14 @@ from logitlab.assignments import BEGIN, strip_code_solutions
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
 CELL_TIMEOUT = 600  # seconds; a chapter takes 30 s to 2 min on the 2-core CPU
-WIDGET_CELL_TIMEOUT = 60  # the cells that make a widget take under 2 s
+WIDGET_CELL_TIMEOUT = 20  # the cells that make a widget take under 2 s (1.9 s at most in two full runs)
 
 
 def timeout_for(cell) -> int:
     """After a cell that makes a widget, nbclient sometimes waits for the kernel's reply until the
     cell's timeout although the reply has arrived, then goes on (jupyter/nbclient#312): chapter 8
-    lost exactly 600 s after its widget cell in two full `make test` runs. A short timeout for
-    those cells bounds the loss."""
+    lost exactly 600 s after its widget cell in two full `make test` runs, and 60 s (the timeout
+    then) in a third. A short timeout for those cells bounds the loss."""
     return WIDGET_CELL_TIMEOUT if "ll.widgets." in cell.source else CELL_TIMEOUT
 
 
