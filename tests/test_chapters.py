@@ -33,10 +33,11 @@ WIDGET_CELL_TIMEOUT = 20  # the cells that make a widget take under 2 s (1.9 s a
 
 
 def timeout_for(cell) -> int:
-    """After a cell that makes a widget, nbclient sometimes waits for the kernel's reply until the
-    cell's timeout although the reply has arrived, then goes on (jupyter/nbclient#312): chapter 8
-    lost exactly 600 s after its widget cell in two full `make test` runs, and 60 s (the timeout
-    then) in a third. A short timeout for those cells bounds the loss."""
+    """After a cell that makes a widget, nbclient sometimes waited for the kernel's reply until the
+    cell's timeout, then went on: chapter 8 lost exactly 600 s after its widget cell in two full
+    `make test` runs, and 60 s (the timeout then) in a third. The likely cause, a reply the kernel
+    failed to send (ipykernel 7's shell channel), is gone with ipykernel 6 (requirements.txt); a
+    short timeout for those cells still bounds the loss if it comes back."""
     return WIDGET_CELL_TIMEOUT if "ll.widgets." in cell.source else CELL_TIMEOUT
 
 
