@@ -15,8 +15,10 @@ def pytest_configure(config):
 # The tests that take longest on the 2-core CPU (a full `make test` run's durations, longest
 # first), run first so that they do not end the run: a worker that starts a long test near the end
 # leaves the other core idle until it finishes.
-LONGEST = ["[06_", "lookahead_slot_is_accepted_on_counting", "[04_", "[07_", "medusa_head_is_accepted_on_counting",
-           "[02_", "[09_", "[08_", "[05_", "[03_", "[11_", "[10_", "[01_"]
+CHAPTER = "test_chapter_runs_with_and_without_each_solution[{}"
+LONGEST = [CHAPTER.format("06_"), "test_every_lookahead_slot_is_accepted_on_counting", CHAPTER.format("04_"),
+           CHAPTER.format("07_"), "test_every_medusa_head_is_accepted_on_counting"] + [
+    CHAPTER.format(n) for n in ("02_", "09_", "08_", "05_", "03_", "11_", "10_", "01_")]
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -29,7 +31,7 @@ def pytest_collection_modifyitems(session, config, items):
         if "test_book.py" in path or "test_site_in_browser.py" in path:
             return (3 + ("test_site_in_browser.py" in path), 0)
         rank = next((i for i, name in enumerate(LONGEST) if name in item.nodeid), None)
-        if rank is not None and (path.endswith("test_draft_positions.py") or "runs_with_and_without" in item.name):
+        if rank is not None:
             return (0, rank)
         slow = item.get_closest_marker("slow") or path.endswith(".ipynb")  # .ipynb: a chapter run by nbmake
         return (1 if slow else 2, 0)

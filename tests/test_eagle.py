@@ -18,6 +18,15 @@ from logitlab.speculative import speculative_generate
 from logitlab.training.eagle import accuracy, row_features, train
 
 
+class Proposals(EagleDrafter):
+    """An EagleDrafter that keeps every tree it proposes (``self.trees``)."""
+
+    def propose(self, *args, **kwargs):
+        tree = super().propose(*args, **kwargs)
+        self.trees = getattr(self, "trees", []) + [tree]
+        return tree
+
+
 @pytest.fixture(scope="module")
 def trained():
     """A tiny target and a drafter trained on its own samples (150 steps, a few seconds); the rows
@@ -126,12 +135,6 @@ def test_a_fixed_tree_is_the_dynamic_tree_that_expands_every_node():
     drafter = FeatureDrafter(target)
     torch.nn.init.normal_(drafter.fc.weight, std=0.2, generator=torch.Generator().manual_seed(1))  # reads features too
     prompts = [[1, 2, 3], [4, 5]]
-    class Proposals(EagleDrafter):  # keeps every tree it proposes
-        def propose(self, *args, **kwargs):
-            tree = super().propose(*args, **kwargs)
-            self.trees = getattr(self, "trees", []) + [tree]
-            return tree
-
     drafters = [Proposals(drafter, tree=tree) for tree in (dict(top_k=3, nodes=12), dict(branching=(3, 3)))]
     runs = [speculative_generate(target, d, prompts, gamma=2, max_new_tokens=20, temperature=0, eos_token_id=[])
             for d in drafters]
@@ -172,12 +175,6 @@ def test_a_tree_on_part_of_the_vocabulary_proposes_only_its_tokens_and_stays_gre
     target = tiny_llama(2, seed=0, vocab=16)
     vocab = torch.tensor([7, 2, 11, 5, 3, 13, 0, 9])
     drafter = FeatureDrafter(target, vocab=vocab)
-
-    class Proposals(EagleDrafter):  # keeps every tree it proposes
-        def propose(self, *args, **kwargs):
-            proposed = super().propose(*args, **kwargs)
-            self.trees = getattr(self, "trees", []) + [proposed]
-            return proposed
 
     drafting = Proposals(drafter, tree=tree)
     prompts = [[1, 2, 3], [4, 5]]
