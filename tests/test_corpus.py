@@ -52,6 +52,15 @@ def test_batches_hold_each_short_prompt_once_and_similar_lengths_together():
     assert [sorted(len(prompts[i]) for i in b) for b in out] == [[3, 4], [5, 40], [41, 50]]
 
 
+def test_long_prompts_come_in_batches_whose_cache_fits_the_budget():
+    prompts = [[1] * n for n in [10, 10, 10, 10, 60, 60]]
+    out = list(batches(prompts, batch=8, max_prompt=100, max_tokens=200, reserve=20))
+    # two rows per prompt, each (prompt + 20) slots: three short prompts fit 200, a long one only alone
+    assert out == [[0, 1, 2], [3], [4], [5]]
+    assert list(batches(prompts, batch=8, max_prompt=100, max_tokens=320, reserve=20)) == [[0, 1, 2, 3], [4, 5]]
+    assert list(batches(prompts, batch=8, max_prompt=100)) == [[0, 1, 2, 3], [4, 5]]  # no budget: the batch size alone
+
+
 def test_a_row_is_cut_after_its_first_stop_token():
     tokens = torch.tensor([7, 8, 1, 2, 9, 3, 9, 4])
     topv, topi = torch.arange(6.0)[:, None], torch.arange(6)[:, None]

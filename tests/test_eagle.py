@@ -15,7 +15,7 @@ import logitlab as ll
 from logitlab.eagle import EagleDrafter, FeatureDrafter, load_drafter, save_drafter
 from logitlab.sampling import SamplingConfig
 from logitlab.speculative import speculative_generate
-from logitlab.training.eagle import accuracy, row_features, train
+from logitlab.training.eagle import accuracy, cropped, row_features, train
 
 
 class Proposals(EagleDrafter):
@@ -286,3 +286,15 @@ def test_shipped_drafter_is_small_greedy_exact_and_trained():
     # Trained: its first draft is kept far more often than untrained, and the tree keeps more per call.
     assert chain.acceptance_by_position()[0] > 0.15  # untrained (the first layer on tokens alone): about 0.08
     assert tree.tokens_per_call > chain.tokens_per_call > 1.1
+
+
+def test_cropped_rows_lose_only_the_start_of_long_prompts():
+    rows = [(torch.arange(8), 5, "v", "i"), (torch.arange(4), 2, "v", "i"), (torch.arange(9), 2, "v", "i")]
+    feats = [torch.arange(len(r[0]))[:, None] * 1.0 for r in rows]
+    out, f = cropped(rows, feats, max_len=6)
+    # 8 tokens, answer from 5: the first two prompt tokens go; the answer's position moves with them
+    assert out[0][0].tolist() == [2, 3, 4, 5, 6, 7] and out[0][1] == 3
+    assert f[0].flatten().tolist() == [2, 3, 4, 5, 6, 7]
+    assert out[1][0].tolist() == [0, 1, 2, 3] and out[1][1] == 2  # short enough: untouched
+    # an answer longer than max_len keeps all of itself and the two tokens before it
+    assert out[2][0].tolist() == list(range(9)) and out[2][1] == 2 and out[2][2:] == ("v", "i")

@@ -59,6 +59,20 @@ def row_features(target, data, batch: int = 16, layers=None) -> list[torch.Tenso
     return feats
 
 
+def cropped(rows, feats, max_len: int):
+    """Rows and features without the start of any prompt that makes a row longer than
+    ``max_len`` (the answer and the two tokens before it, which predict its first tokens, are
+    always kept): the features were recorded on the whole row, so
+    they still carry the whole prompt; only the drafter's own attention, whose cost grows with
+    the square of the length, sees less of it."""
+    out_rows, out_feats = [], []
+    for (tokens, start, topv, topi), f in zip(rows, feats):
+        cut = max(min(len(tokens) - max_len, start - 2), 0)  # keep the answer and the two tokens before it
+        out_rows.append((tokens[cut:], start - cut, topv, topi))
+        out_feats.append(f[cut:])
+    return out_rows, out_feats
+
+
 def padded(rows, device):
     """Right-padded ids ``[B, L]`` and their mask."""
     width = max(len(r) for r in rows)
@@ -216,6 +230,7 @@ def main(argv=None):
     parser.add_argument("--seconds", type=float, help="time budget for training (fewer steps if needed)")
     parser.add_argument("--device", help="cuda, mps or cpu (default: the best there is)")
     parser.add_argument("--feature-batch", type=int, default=16, help="rows per pass when recording features")
+    parser.add_argument("--max-len", type=int, help="train on at most this many positions of a row (its end)")
     parser.add_argument("--out", default="eagle.safetensors")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
@@ -233,6 +248,9 @@ def main(argv=None):
     print(f"features of {sum(len(f) for f in feats)} positions ({sum(len(f) for f in held_feats)} held out) "
           f"in {time.perf_counter() - t0:.0f} s")
     feature_seconds = time.perf_counter() - t0
+    if args.max_len:
+        data, feats = cropped(data, feats, args.max_len)
+        held, held_feats = cropped(held, held_feats, args.max_len)
     drafter = FeatureDrafter(model, choose_vocabulary(data, model.config.vocab_size, args.vocab), layers)
     before = accuracy(drafter, held, held_feats)
     print(f"held-out accuracy (first, second guess) before training: {before}")
