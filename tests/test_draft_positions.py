@@ -21,7 +21,7 @@ from logitlab.drafters import MedusaDrafter
 from logitlab.medusa import MedusaHeads
 from logitlab.training import medusa as train_medusa
 from logitlab.training.data import choose_vocabulary
-from logitlab.training.lookahead import rows_from_tokens, train_lookahead
+from logitlab.training.lookahead import rows_and_states, rows_from_tokens, train_lookahead
 
 pytestmark = pytest.mark.slow
 NUMBERS = 40  # numbers per sequence: about 200 tokens (SmolLM2 writes one digit per token)
@@ -57,10 +57,9 @@ def acceptance_by_position(model, tokenizer, drafter, gamma: int) -> tuple[list[
 def test_every_medusa_head_is_accepted_on_counting(smollm):
     model, tokenizer = smollm
     torch.manual_seed(0)
-    rows = rows_from_tokens(model, counting(tokenizer, 64, seed=1))
+    rows, states = rows_and_states(model, counting(tokenizer, 64, seed=1))  # one pass for both
     vocab = choose_vocabulary(rows, model.config.vocab_size, 2048)
     heads = MedusaHeads(model.lm_head.weight, 3, vocab)
-    states = train_medusa.hidden_states(model, rows)
     tensors = train_medusa.training_tensors(rows, states, vocab, model.config.vocab_size, 3)
     train_medusa.train(heads, tensors, steps=400, lr=1e-2, batch=512, log_every=400)
     heads.eval()

@@ -360,3 +360,36 @@ def test_the_training_loss_is_the_kl_of_each_slot_after_its_own_context():
             logp = F.log_softmax(topv[row].float(), dim=-1)
             expected[i - 1] += (logp.exp() * (logp - logq[i - 1][topi[row].long()])).sum() / len(rows)
     torch.testing.assert_close(got.detach(), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_kept_row_caches_give_the_losses_and_training_of_a_fresh_pass(monkeypatch):
+    import random
+
+    from logitlab.training import lookahead as training
+
+    model = tiny_llama(2, seed=0)
+    la = random_lookahead(model, 3, seed=5)
+    rows = tiny_rows(model, n=3, new=10)  # prompts of 2, 3 and 4 tokens: rows of three lengths
+    fresh = lookahead_losses(la, rows, 4, random.Random(3))
+    kept = lookahead_losses(la, rows, 4, random.Random(3), training.row_caches(model, rows))
+    torch.testing.assert_close(kept, fresh, atol=1e-6, rtol=1e-5)
+    assert kept.requires_grad  # the slots still carry the gradient
+    # Training keeps the caches when the rows are few; without them it recomputes every step.
+    _, with_caches = train_lookahead(model, 2, tiny_rows(model), steps=5, batch=3, groups=2, progress=False)
+    monkeypatch.setattr(training, "ROW_CACHE_TOKENS", 0)
+    _, without = train_lookahead(model, 2, tiny_rows(model), steps=5, batch=3, groups=2, progress=False)
+    torch.testing.assert_close(torch.tensor(with_caches), torch.tensor(without), atol=1e-5, rtol=1e-4)
+
+
+def test_rows_and_states_come_from_one_pass_and_equal_the_two_pass_results():
+    from logitlab.training.lookahead import rows_and_states
+    from logitlab.training.medusa import hidden_states
+
+    model = tiny_llama(2, seed=0)
+    seqs = [[1, 2, 3, 4, 5], [2, 3, 1], [5, 4, 3, 2, 1, 0, 1]]
+    rows, states = rows_and_states(model, seqs, top=3)
+    for (tokens, start, v, i), (t2, s2, v2, i2) in zip(rows, rows_from_tokens(model, seqs, top=3)):
+        assert torch.equal(tokens, t2) and start == s2 == 1 and torch.equal(v, v2) and torch.equal(i, i2)
+    for got, expected, seq in zip(states, hidden_states(model, rows), seqs):
+        assert got.shape == (len(seq) - 1, 16)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

@@ -59,7 +59,37 @@ def training_layout(length: int, starts: list[int], k: int) -> list[int]:
     return parents
 
 
-def lookahead_losses(lookahead: LookaheadEmbeddings, rows, groups: int, rng: random.Random) -> torch.Tensor:
+# Up to this many tokens of training rows, ``train_lookahead`` keeps every row's KV cache (about
+# 46 kB a token for SmolLM2-135M in float32: 1.5 GB) instead of recomputing it at every step.
+ROW_CACHE_TOKENS = 32_768
+
+
+@torch.no_grad()
+def row_caches(model, rows) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Each row's own KV cache, one ``(keys, values)`` pair per layer: what the first pass of
+    ``lookahead_losses`` computes, which the vectors being trained cannot change."""
+    device = model.model.embed_tokens.weight.device
+    caches = []
+    for tokens, *_ in rows:
+        cache = model.model(input_ids=tokens[None].to(device), use_cache=True).past_key_values
+        caches.append([(layer.keys, layer.values) for layer in cache.layers])
+    return caches
+
+
+def stacked_cache(caches, width: int):
+    """One batch's cache from rows' own caches (``row_caches``), each right-padded with zeros to
+    ``width`` positions: the padding is never attended to, as in a batched pass."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    for index in range(len(caches[0])):
+        keys, values = ([F.pad(c[index][j], (0, 0, 0, width - c[index][j].shape[2])) for c in caches] for j in (0, 1))
+        cache.update(torch.cat(keys), torch.cat(values), index)
+    return cache
+
+
+def lookahead_losses(lookahead: LookaheadEmbeddings, rows, groups: int, rng: random.Random,
+                     caches=None) -> torch.Tensor:
     """KL(target || look-ahead) per slot, ``[k]``, averaged over ``groups`` random contexts of each row.
 
     ``rows`` are training rows of ``logitlab.training.data`` (tokens, start of the new tokens, top-64
@@ -69,7 +99,8 @@ def lookahead_losses(lookahead: LookaheadEmbeddings, rows, groups: int, rng: ran
 
     Two passes: the rows alone, without gradients (the vectors do not affect them), then all the
     slot groups on that cache, each group seeing its own context only (``training_layout``'s
-    mask). The backward pass then runs through the slots alone.
+    mask). The backward pass then runs through the slots alone. ``caches`` (``row_caches`` of
+    ``rows``) replace the first pass: the same losses up to float rounding.
     """
     model, k = lookahead.model, lookahead.k
     embed = model.model.embed_tokens
@@ -88,8 +119,11 @@ def lookahead_losses(lookahead: LookaheadEmbeddings, rows, groups: int, rng: ran
         rel = torch.tensor([[t + i - (start - 1) for i in range(1, k + 1)] for t in starts], device="cpu")  # [groups, k]
         targets_v.append(topv[rel].float())
         targets_i.append(topi[rel].long())
-    with torch.no_grad():
-        cache = model.model(input_ids=torch.stack(tokens_in).to(device), use_cache=True).past_key_values
+    if caches is not None:
+        cache = stacked_cache(caches, width)
+    else:
+        with torch.no_grad():
+            cache = model.model(input_ids=torch.stack(tokens_in).to(device), use_cache=True).past_key_values
     slots = lookahead.inputs().repeat(groups, 1)  # [groups * k, d]: the k vectors, once per group
     hidden = model.model(inputs_embeds=slots.expand(len(rows), -1, -1), past_key_values=cache, use_cache=True,
                          attention_mask=torch.stack(masks)[:, None].to(device),
@@ -101,12 +135,23 @@ def lookahead_losses(lookahead: LookaheadEmbeddings, rows, groups: int, rng: ran
     return kl.mean(dim=(0, 1))
 
 
-@torch.inference_mode()
 def rows_from_tokens(model, sequences, tokenizer=None, top: int = 64) -> list:
     """Training rows from plain text: each sequence (a string, with ``tokenizer``, or token ids)
     is run through ``model`` once, and its top-``top`` logits at every position are recorded,
     the form ``logitlab.training.data.make_data`` produces (the whole sequence counts as new)."""
-    rows = []
+    return [row for row, _ in _rows_and_states(model, sequences, tokenizer, top, keep_states=False)]
+
+
+def rows_and_states(model, sequences, tokenizer=None, top: int = 64) -> tuple[list, list[torch.Tensor]]:
+    """The rows of ``rows_from_tokens`` and, from the same pass, each row's last hidden states
+    at its recorded positions (``[L - 1, H]``, what ``logitlab.training.medusa.hidden_states``
+    computes from the rows): one pass over the model instead of two."""
+    pairs = list(_rows_and_states(model, sequences, tokenizer, top, keep_states=True))
+    return [row for row, _ in pairs], [states for _, states in pairs]
+
+
+@torch.inference_mode()
+def _rows_and_states(model, sequences, tokenizer, top: int, keep_states: bool):
     device = model.model.embed_tokens.weight.device
     for seq in sequences:
         if isinstance(seq, str):
@@ -116,10 +161,10 @@ def rows_from_tokens(model, sequences, tokenizer=None, top: int = 64) -> list:
         ids = torch.as_tensor(seq, dtype=torch.long, device=device)
         if ids.dim() != 1 or len(ids) < 3:
             raise ValueError(f"data: each sequence must be one list of at least 3 token ids, got shape {tuple(ids.shape)}")
-        logits = model(input_ids=ids[None]).logits[0, :-1].float()
+        hidden = model.model(input_ids=ids[None]).last_hidden_state[0, :-1]
+        logits = model.lm_head(hidden).float()
         v, i = logits.topk(min(top, logits.shape[-1]), dim=-1)
-        rows.append((ids.cpu(), 1, v.half().cpu(), i.int().cpu()))
-    return rows
+        yield (ids.cpu(), 1, v.half().cpu(), i.int().cpu()), hidden.clone() if keep_states else None
 
 
 def _as_rows(model, data, tokenizer):
@@ -158,6 +203,8 @@ def train_lookahead(model, k: int, data, steps: int, lr: float = 0.01, batch: in
     if lookahead.k != k:
         raise ValueError(f"k={k} but the lookahead given has {lookahead.k} embeddings")
     data = _as_rows(model, data, tokenizer)
+    # The rows' own pass does not depend on the vectors: with little data, run it once per row.
+    caches = row_caches(model, data) if sum(len(r[0]) for r in data) <= ROW_CACHE_TOKENS else None
     rng = random.Random(seed)
     opt = torch.optim.Adam(lookahead.parameters(), lr=lr)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -168,7 +215,9 @@ def train_lookahead(model, k: int, data, steps: int, lr: float = 0.01, batch: in
     bar = _progress(steps, progress)
     try:
         for step in range(steps):
-            per_slot = lookahead_losses(lookahead, rng.sample(list(data), batch), groups, rng)
+            index = rng.sample(range(len(data)), batch)  # the same draws as sampling the rows themselves
+            per_slot = lookahead_losses(lookahead, [data[i] for i in index], groups, rng,
+                                        None if caches is None else [caches[i] for i in index])
             opt.zero_grad()
             per_slot.mean().backward()
             opt.step()
