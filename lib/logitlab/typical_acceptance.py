@@ -59,8 +59,9 @@ def typical_threshold(p: torch.Tensor, epsilon: float, delta: float) -> torch.Te
     """
     epsilon, delta = _check_epsilon_delta(epsilon, delta)
     check_probs(p, "p")
-    p = p.to(exact_dtype(p.device))
-    entropy = -torch.xlogy(p, p).sum(dim=-1)
+    # Each term in p's own precision, the sum over the vocabulary in float64 (where the device
+    # has it): a float64 copy of p cost more than the whole rest of a tree's verification.
+    entropy = -torch.xlogy(p, p).sum(dim=-1, dtype=exact_dtype(p.device))
     return torch.clamp(delta * torch.exp(-entropy), max=epsilon)
 
 
@@ -117,8 +118,10 @@ class TypicalAcceptance(AcceptanceRule):
             return greedy_tree(parents, tokens, target_logits)
         check_tree(parents, tokens, p, "p")
         above = torch.tensor(parents[1:], device=p.device)
-        bar = typical_threshold(p[above], self.epsilon, self.delta)
-        passes = p[above].gather(-1, tokens[1:, None]).squeeze(-1).to(bar.dtype) > bar
+        # Each parent's bar once (its entropy is a pass over the vocabulary), then one per child.
+        judged, which = torch.unique(above, return_inverse=True)
+        bar = typical_threshold(p[judged], self.epsilon, self.delta)[which]
+        passes = p[above, tokens[1:]].to(bar.dtype) > bar
         path = deepest_path(parents, [True] + passes.tolist())
         return path, self.next_from(p[path[-1]][None], generator)[0]
 
