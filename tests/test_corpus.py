@@ -9,8 +9,8 @@ import pytest
 import torch
 from test_speculative import tiny_llama
 
-from logitlab.training.corpus import (batches, build_prompts, cut_at_stop, load_tokens, save_tokens, shingles,
-                                      teacher_forced_rows)
+from logitlab.training.corpus import (answer_order, batches, build_prompts, cut_at_stop, extended_prompts,
+                                      german_prompts, load_tokens, save_tokens, shingles, teacher_forced_rows)
 from logitlab.training.data import generate_with_logits, split_held_out, steps_within
 from logitlab.training.draft import train as train_draft
 from logitlab.training.medusa import training_tensors
@@ -42,6 +42,47 @@ def test_build_prompts_drops_duplicates_and_every_prompt_the_benchmark_shares(tm
     assert sum(r["source"] == "book" for r in rows) == 300
     # Eleven shared words are not a match: only a run of twelve is.
     assert not shingles("one two three four five six seven eight nine ten eleven") & shingles(shared)
+
+
+GERMAN = ("Die Datei wird von dem Programm gelesen, und die Einstellungen werden dann auf das System "
+          "angewendet, wenn der Dienst neu gestartet wird. Das ist nicht immer sofort der Fall.")
+
+
+def test_german_paragraphs_become_translation_prompts(tmp_path):
+    english = ("This paragraph was left untranslated, and the handbook shows it in English: it is not one of "
+               "the German paragraphs that the corpus wants to have.")
+    page = (f'<div class="para">\n{GERMAN.replace("Programm", "<code>Programm</code>")}\n</div>'
+            f'<div class="para">{english}</div><div class="para">Zu kurz, und nicht die.</div>'
+            '<div class="para">Der Wert &bdquo;auto&ldquo; ist die Vorgabe, und er wird von dem Dienst gelesen, '
+            'wenn die Datei nicht existiert oder wenn sie leer ist, was selten der Fall ist, sagt das Handbuch.</div>')
+    (tmp_path / "a.html").write_text(page, encoding="utf-8")
+    (tmp_path / "notes.txt").write_text(f'<div class="para">{GERMAN}</div>')  # not a page
+    texts = german_prompts(tmp_path)
+    # tags and entities gone, the English and the short paragraph left out
+    assert texts == ["Translate German to English: " + GERMAN,
+                     "Translate German to English: Der Wert \u201eauto\u201c ist die Vorgabe, und er wird von dem "
+                     "Dienst gelesen, wenn die Datei nicht existiert oder wenn sie leer ist, was selten der Fall ist, "
+                     "sagt das Handbuch."]
+
+
+def test_an_extended_prompts_file_keeps_every_old_prompt_where_it_was(tmp_path):
+    (tmp_path / "de").mkdir()
+    shared = "die Datei wird von dem Programm gelesen und die Einstellungen werden dann auf das"
+    other = GERMAN.replace("Datei", "Liste")
+    (tmp_path / "de/a.html").write_text("".join(f'<div class="para">{t}</div>' for t in [GERMAN, other, GERMAN]))
+    old = [{"source": "t0", "text": "b"}, {"source": "gsm8k", "text": "a"},
+           {"source": "german", "text": "Translate German to English: " + other}]  # already there
+    rows = extended_prompts(old, tmp_path / "de", None)
+    assert rows[:3] == old and rows[3:] == [{"source": "german", "text": "Translate German to English: " + GERMAN}]
+    exclude = write_jsonl(tmp_path / "q.jsonl", [{"turns": [shared.upper()]}])  # twelve of its words
+    assert extended_prompts(old, tmp_path / "de", exclude) == old
+
+
+def test_the_sources_asked_for_first_are_answered_first():
+    sources = ["t0", "german", "gsm8k", "german", "t0"]
+    assert answer_order(sources, [0, 1, 2, 3, 4], ["german"]) == [1, 3, 0, 2, 4]
+    assert answer_order(sources, [0, 2, 3, 4], ["german", "gsm8k"]) == [2, 3, 0, 4]  # 1 answered already
+    assert answer_order(sources, [4, 0], []) == [4, 0]
 
 
 def test_batches_hold_each_short_prompt_once_and_similar_lengths_together():
