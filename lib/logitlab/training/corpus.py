@@ -12,15 +12,20 @@ steps, each one command:
 
 The first reads the public sources below (download them from the addresses in ``SOURCES``) and
 drops every prompt that shares a run of 12 words with a Spec-Bench question (``--exclude``: the
-prompts the drafters are measured on). A prompts file grows without moving its prompts (token
-files name them by index): ``prompts --extend prompts.jsonl.xz --german DE_HTML_DIR`` appends
-translation prompts from a German book (``apt-get download debian-handbook``), and ``generate
---first german`` answers those before the rest. The second needs a GPU to finish in minutes: the target
+prompts the drafters are measured on). The second needs a GPU to finish in minutes: the target
 answers every prompt twice, greedily and at T = 1, until its end-of-turn token or ``--max-new``
 tokens, recording its top-64 logits at every new position (the rows every trainer reads, see
 ``logitlab.training.data``). ``--tokens`` also writes the answers' token ids alone (a few MB),
 from which the rest is recomputed by teacher forcing: ``--resume`` takes such a file, keeps its
 answers and answers only the other prompts, so that a corpus grows over several short GPU runs.
+
+A prompts file grows the same way, without moving its prompts (token files name them by index):
+
+    python -m logitlab.training.corpus prompts --extend prompts.jsonl.xz \\
+        --german /usr/share/doc/debian-handbook/html/de-DE --exclude question.jsonl --out more.jsonl.xz
+
+appends translation prompts made from a German book (Debian's ``debian-handbook`` package), and
+``generate --first german`` answers those before the rest.
 """
 
 from __future__ import annotations
