@@ -81,10 +81,14 @@ def stacked_cache(caches, width: int):
     ``width`` positions: the padding is never attended to, as in a batched pass."""
     from transformers import DynamicCache
 
+    def padded(states):  # [1, heads, length, dim] -> [1, heads, width, dim]
+        return F.pad(states, (0, 0, 0, width - states.shape[2]))
+
     cache = DynamicCache()
-    for index in range(len(caches[0])):
-        keys, values = ([F.pad(c[index][j], (0, 0, 0, width - c[index][j].shape[2])) for c in caches] for j in (0, 1))
-        cache.update(torch.cat(keys), torch.cat(values), index)
+    for layer in range(len(caches[0])):
+        keys = torch.cat([padded(row[layer][0]) for row in caches])
+        values = torch.cat([padded(row[layer][1]) for row in caches])
+        cache.update(keys, values, layer)
     return cache
 
 
