@@ -119,3 +119,25 @@ def test_match_probability_is_the_collision_probability():
     assert torch.allclose(ll.typical_acceptance.match_probability(p), torch.tensor([0.38, 1.0]))
     with pytest.raises(ValueError, match="p"):
         ll.typical_acceptance.match_probability(torch.tensor([0.5, 0.6]))
+
+
+def test_a_tree_judges_each_node_by_its_own_parents_bar():
+    from logitlab.sampling import SamplingConfig
+    from logitlab.tree_verification import deepest_path
+
+    # Oracle: each child's bar computed from its own parent's row, one node at a time.
+    rule, config = TypicalAcceptance(0.09, 0.3), SamplingConfig(temperature=1.0)
+    parents = [-1, 0, 0, 0, 1, 1, 2, 3, 4, 6]
+    gen = torch.Generator().manual_seed(0)
+    differs = 0
+    for _ in range(200):
+        sharpness = torch.rand(len(parents), 1, generator=gen) * 6  # flat to peaked rows: bars differ
+        p = torch.softmax(torch.randn(len(parents), 6, generator=gen) * sharpness, dim=-1)
+        tokens = torch.randint(0, 6, (len(parents),), generator=gen)
+        passes = [True] + [bool(p[a, t] > typical_threshold(p[a], 0.09, 0.3))
+                           for a, t in zip(parents[1:], tokens[1:])]
+        expected = deepest_path(parents, passes)
+        path, after = rule.tree(parents, tokens, None, p, None, config, None)
+        assert path == expected and int(after) == int(p[expected[-1]].argmax())
+        differs += len(expected) > 1
+    assert 20 < differs < 200  # both outcomes occur: some trees keep drafts, some keep none
