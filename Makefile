@@ -97,7 +97,7 @@ student: setup
 	rm -rf $(SCRATCH)/chapters && mkdir -p $(SCRATCH)/chapters
 	$(ONE_THREAD) LOGITLAB_EXECUTED_DIR=$(CURDIR)/$(SCRATCH)/chapters $(PY) -m pytest -q tests/test_chapters.py \
 		-k runs_with_and_without $(PARALLEL)
-	$(PY) -m logitlab.website $(SCRATCH)/chapters $(SCRATCH)/student-site --student
+	$(PY) -m logitlab.course.website $(SCRATCH)/chapters $(SCRATCH)/student-site --student
 
 # The publishable tree, for a course whose answer key stays in a private repository: everything a
 # repository that students can see needs (book/teaching.md), written into _scratch/publish: the

@@ -1,4 +1,4 @@
-"""Student versions of the notebooks (logitlab.assignments), on small notebooks built here."""
+"""Student versions of the notebooks (logitlab.course.assignments), on small notebooks built here."""
 
 import subprocess
 import sys
@@ -9,7 +9,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from logitlab.assignments import (
+from logitlab.course.assignments import (
     PLACEHOLDER,
     STUDENT_NOTE,
     make_student_notebook,
@@ -214,7 +214,7 @@ def test_make_student_versions_writes_files(tmp_path):
 
 
 def run_cli(*args, cwd):
-    command = [sys.executable, "-m", "logitlab.assignments", *map(str, args)]
+    command = [sys.executable, "-m", "logitlab.course.assignments", *map(str, args)]
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=120)
 
 

@@ -18,7 +18,7 @@ import nbformat
 import pytest
 import yaml
 
-from logitlab import website
+from logitlab.course import website
 
 ROOT = Path(__file__).resolve().parents[1]
 EXECUTED = ROOT / "_scratch" / "chapters"

@@ -24,7 +24,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from logitlab.assignments import BEGIN, strip_code_solutions
+from logitlab.course.assignments import BEGIN, strip_code_solutions
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))

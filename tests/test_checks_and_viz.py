@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import logitlab as ll
-from logitlab.checks import CheckFailed, check_gumbel_max, check_softmax
+from logitlab.course.checks import CheckFailed, check_gumbel_max, check_softmax
 
 
 def student_copy(function):

@@ -5,7 +5,7 @@ from collections import deque
 import pytest
 
 import logitlab as ll
-from logitlab.checks import CheckFailed
+from logitlab.course.checks import CheckFailed
 
 
 def allowed_tokens(table, vocab, state, skip_empty=True, whole_token=True, end_state=True):

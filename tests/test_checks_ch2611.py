@@ -5,7 +5,7 @@ checkers are tested in test_checks_ch45.py.)"""
 import pytest
 import torch
 
-from logitlab.checks import CheckFailed, check_best_gamma, check_top_k, check_top_p, check_truncation_distance
+from logitlab.course.checks import CheckFailed, check_best_gamma, check_top_k, check_top_p, check_truncation_distance
 
 NEG_INF = float("-inf")
 

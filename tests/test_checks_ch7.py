@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import logitlab as ll
-from logitlab.checks import CheckFailed
+from logitlab.course.checks import CheckFailed
 
 
 def test_check_match_probability(capsys):

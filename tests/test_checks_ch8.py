@@ -3,7 +3,7 @@
 import pytest
 
 import logitlab as ll
-from logitlab.checks import CheckFailed
+from logitlab.course.checks import CheckFailed
 
 
 def training_parents(length, starts, k, slot_parent="previous"):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import logitlab as ll
-from logitlab.checks import CheckFailed
+from logitlab.course.checks import CheckFailed
 
 
 def keep_best(scores, parents, budget, order="increasing", renumber=True):

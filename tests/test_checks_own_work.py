@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import logitlab as ll
-from logitlab import checks
+from logitlab.course import checks
 from logitlab.constrained import build_index, fewest_tokens
 from logitlab.generate import find_stop
 from logitlab.lookahead import single_call_layout

@@ -1,4 +1,4 @@
-"""logitlab.checks as a package: one module per chapter, the shared helpers in checks.common,
+"""logitlab.course.checks as a package: one module per chapter, the shared helpers in checks.common,
 and every check still reachable as ll.checks.check_<name> (the notebooks call them that way)."""
 
 import ast
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import logitlab as ll
-from logitlab.checks.common import CheckFailed, as_list, call, show
+from logitlab.course.checks.common import CheckFailed, as_list, call, show
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))
@@ -21,7 +21,7 @@ CHAPTER_MODULES = sorted(m.name for m in pkgutil.iter_modules([str(CHECKS_DIR)])
 
 
 def checks_defined_in(module_name):
-    module = importlib.import_module(f"logitlab.checks.{module_name}")
+    module = importlib.import_module(f"logitlab.course.checks.{module_name}")
     return {name for name, fn in inspect.getmembers(module, inspect.isfunction)
             if name.startswith("check_") and fn.__module__ == module.__name__}
 
@@ -42,7 +42,7 @@ def test_the_package_reexports_every_check_and_check_failed():
     assert set(ll.checks.__all__) == everything | {"CheckFailed"}
     for module in CHAPTER_MODULES:
         for name in checks_defined_in(module):
-            assert getattr(ll.checks, name) is getattr(importlib.import_module(f"logitlab.checks.{module}"), name)
+            assert getattr(ll.checks, name) is getattr(importlib.import_module(f"logitlab.course.checks.{module}"), name)
     assert ll.checks.CheckFailed is CheckFailed and issubclass(CheckFailed, AssertionError)
 
 

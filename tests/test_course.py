@@ -8,7 +8,7 @@ import subprocess
 import nbformat
 import pytest
 
-from logitlab.course import GUIDE_PAGE, ROOT, exercises, point_chapters_at, repository, teachers_guide
+from logitlab.course.run import GUIDE_PAGE, ROOT, exercises, point_chapters_at, repository, teachers_guide
 
 FORK = "https://github.com/a-teacher/decoding-course"
 

@@ -1,4 +1,4 @@
-"""`python -m logitlab.grade`: the grader's own checks decide, on the functions it takes from each
+"""`python -m logitlab.course.grade`: the grader's own checks decide, on the functions it takes from each
 notebook and runs in a sandbox; each returned notebook also runs in its own kernel and scratch
 folder, which can only take points away. Each exercise gets passed, failed (with the check's
 message), not attempted, error, timeout or missing; a broken notebook gets a row saying so and
@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import logitlab as ll
-from logitlab.checks import CheckFailed
-from logitlab.grade import (Unreadable, _decode, _encode, _write_back, check_notebook, exercise_code, grade, main,
+from logitlab.course.checks import CheckFailed
+from logitlab.course.grade import (Unreadable, _decode, _encode, _write_back, check_notebook, exercise_code, grade, main,
                             notebook_status)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +35,7 @@ SHORT_CUT = "ll.checks.check_softmax(lambda z, t: ll.softmax(z, t))"
 MALLORY = [
     SETUP,
     # the checks themselves, patched; torch's comparisons, patched
-    "import logitlab.checks.common as common\nimport torch.testing\n"
+    "import logitlab.course.checks.common as common\nimport torch.testing\n"
     "ll.checks.check_top_k = lambda fn: print('check_top_k: all 8 cases passed.')\n"
     "ll.checks.ch06_speculative.call = lambda fn, case, *args: ll.speculative.expected_tokens(*args)\n"
     "common.call = common.call_unchanged = lambda fn, case, *args, **kwargs: fn(*args)\n"
@@ -139,7 +139,7 @@ CHEATS = {
                                "    torch.testing.assert_close = lambda *args, **kwargs: None\n"
                                "    torch.Tensor.__eq__ = torch.Tensor.le = lambda *args: torch.tensor(True)\n"
                                "    return logits.clone()\n\nll.checks.check_frequency_penalty(frequency_penalty)",
-    "check_stop_position": "import logitlab.checks.common as common\n\n"
+    "check_stop_position": "import logitlab.course.checks.common as common\n\n"
                            "def stop_position(pieces, stops, _=[setattr(common, 'CheckFailed', type('Quiet', (BaseException,), {})),\n"
                            "                                    setattr(ll.checks, 'check_stop_position', lambda fn: None)]):\n"
                            "    return -1\n\nll.checks.check_stop_position(stop_position)",

@@ -11,7 +11,7 @@ import nbformat
 import pytest
 import yaml
 
-from logitlab.assignments import PLACEHOLDER, make_student_notebook, strip_code_solutions
+from logitlab.course.assignments import PLACEHOLDER, make_student_notebook, strip_code_solutions
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))

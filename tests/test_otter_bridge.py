@@ -11,7 +11,7 @@ import nbformat
 import pytest
 import yaml
 
-from logitlab.otter_bridge import CONFIG, guide_points, main, otter_master
+from logitlab.course.otter_bridge import CONFIG, guide_points, main, otter_master
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTER = ROOT / "chapters" / "01_logits_and_temperature.ipynb"

@@ -14,8 +14,8 @@ import sys
 import nbformat
 import pytest
 
-from logitlab import website
-from logitlab.course import ROOT, leaked_solutions, publish, solution_lines
+from logitlab.course import website
+from logitlab.course.run import ROOT, leaked_solutions, publish, solution_lines
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import torch
 from scipy.stats import binomtest, chisquare
 
 import logitlab as ll
-from logitlab.checks import CheckFailed, check_tree_mask
+from logitlab.course.checks import CheckFailed, check_tree_mask
 from logitlab.sampling import SamplingConfig, process_logits
 from logitlab.tree import (
     TokenTree,

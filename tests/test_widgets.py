@@ -7,7 +7,7 @@ import torch
 from test_checks_and_viz import CharTokenizer
 
 import logitlab as ll
-from logitlab import widgets
+from logitlab.figures import widgets
 from logitlab.speculative import SpeculativeResult
 
 matplotlib.use("Agg")

@@ -8,9 +8,11 @@
 Each module follows a chapter of the book and says which one.
 """
 
-from . import (checks, conditioning, constrained, cutoffs, decoding, devices, drafter, drafters, eagle, fast_cpu,
-               json_schema, lookahead, medusa, metrics, ngram_rules, penalties, processors, regex_automaton, results, speculative, tree,
-               tree_verification, training, typical_acceptance, viz, widgets)
+import importlib
+
+from . import (conditioning, constrained, cutoffs, decoding, devices, drafter, drafters, eagle, fast_cpu, json_schema,
+               lookahead, medusa, metrics, ngram_rules, penalties, processors, regex_automaton, results, speculative,
+               tree, tree_verification, typical_acceptance)
 from .decoding import GenerationResult
 from .devices import generator
 from .models import chat_ids, device, load, next_token_logits, toy_bigram, toy_model
@@ -26,8 +28,25 @@ from .tree import TokenTree, gumbel_top_k, sample_tree, score_paths, score_tree,
 
 __version__ = "0.1.0"
 
+# What the chapters reach through the face but a program using the library does not need: the
+# exercises' checks, the figures (matplotlib) and the drafters' training. Each loads on first use
+# (``ll.checks.check_softmax``), so ``import logitlab`` stays light.
+LAZY = {"checks": ".course.checks", "viz": ".figures.viz", "widgets": ".figures.widgets", "training": ".training"}
+
+
+def __getattr__(name):
+    if name in LAZY:
+        module = importlib.import_module(LAZY[name], __name__)
+        globals()[name] = module  # later lookups skip this function
+        return module
+    raise AttributeError(f"module 'logitlab' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(LAZY))
+
+
 __all__ = [
-    "checks",
     "conditioning",
     "constrained",
     "cutoffs",
@@ -55,8 +74,6 @@ __all__ = [
     "typical_accept",
     "tree",
     "tree_verification",
-    "viz",
-    "widgets",
     "apply_temperature",
     "beam_search",
     "best_of_n",

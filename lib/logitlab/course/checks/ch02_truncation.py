@@ -45,7 +45,7 @@ def _kept(mask: torch.Tensor) -> str:
 @asks_for("logitlab.processors.top_k")
 def check_top_k(fn) -> None:
     """Check ``fn(logits, k)`` against :func:`logitlab.processors.top_k` (chapter 2)."""
-    from ..processors import top_k
+    from ...processors import top_k
 
     gen = torch.Generator(device="cpu").manual_seed(0)
     inf = float("-inf")
@@ -73,7 +73,7 @@ def check_top_p(fn) -> None:
     """Check ``fn(logits, p)`` against :func:`logitlab.processors.top_p` (chapter 2)."""
     import math
 
-    from ..processors import top_p
+    from ...processors import top_p
 
     gen = torch.Generator(device="cpu").manual_seed(0)
     log = math.log

@@ -44,7 +44,7 @@ def check_tree_mask(fn) -> None:
     answer is an ``[n, n]`` tensor, True (or 1) at ``[i, j]`` when node j is node i or one of
     its ancestors.
     """
-    from ..tree import ancestors, tree_attention_mask
+    from ...tree import ancestors, tree_attention_mask
 
     cases = list(_tree_cases())
     for number, (name, parents, hint) in enumerate(cases, start=1):
@@ -80,7 +80,7 @@ def check_tree_mask(fn) -> None:
 @asks_for("logitlab.tree.tree_position_ids")
 def check_tree_positions(fn) -> None:
     """Check ``fn(parents, offset)`` against :func:`logitlab.tree.tree_position_ids` (chapter 5)."""
-    from ..tree import tree_position_ids
+    from ...tree import tree_position_ids
 
     cases = [(name, parents, offset) for (name, parents, _) in _tree_cases() for offset in (0, 7)]
     for number, (name, parents, offset) in enumerate(cases, start=1):

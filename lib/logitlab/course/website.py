@@ -4,13 +4,13 @@ edition a teacher can publish (the same book with every solution removed).
 ``make test`` builds both from the chapters it has just executed (tests/test_book.py), and
 ``make student`` builds the student edition::
 
-    python -m logitlab.website EXECUTED_CHAPTERS OUT [--student]
+    python -m logitlab.course.website EXECUTED_CHAPTERS OUT [--student]
 
 The site is assembled in ``OUT`` from the repository's ``book/``, ``_toc.yml`` and
 ``_config.yml`` and the executed notebooks, then built there by Jupyter Book with execution off
 (``OUT/_build/html``), so that no chapter runs twice. In the student edition:
 
-* every chapter is its student version (``logitlab.assignments``) with the outputs of every cell
+* every chapter is its student version (``logitlab.course.assignments``) with the outputs of every cell
   the conversion left unchanged, so the figures and tables stay and the exercises' outputs go;
 * each chapter's Colab button opens the committed student notebook (``student/chapters/``) of the
   repository that ``_config.yml`` names, not the chapter with its answers;
@@ -30,7 +30,7 @@ import nbformat
 import yaml
 
 from .assignments import make_student_notebook
-from .course import ROOT
+from .run import ROOT
 TEACHER_PAGE = "book/teaching"  # replaced by a note in the student edition
 ANSWER_PAGES = ["book/teachers_guide"]  # left out of the student edition (its rubrics are answers)
 STUDENT_NOTE = """# For teachers
@@ -81,7 +81,7 @@ def build(out: Path) -> subprocess.CompletedProcess:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m logitlab.website", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m logitlab.course.website", description=__doc__.split("\n\n")[0])
     parser.add_argument("executed", type=Path, help="folder of executed chapter notebooks")
     parser.add_argument("out", type=Path, help="folder to build the site in (emptied first)")
     parser.add_argument("--student", action="store_true", help="the student edition: solutions removed")

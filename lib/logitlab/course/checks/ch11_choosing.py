@@ -12,7 +12,7 @@ from .common import CheckFailed, asks_for, call_unchanged, show
 
 def _reference_gamma(alpha: float, c: float, v: dict) -> int:
     """The gamma in 1..max(v) - 1 with the highest predicted speedup; the smallest on a tie."""
-    from ..speculative import speedup
+    from ...speculative import speedup
 
     gammas = range(1, max(v))
     scores = [speedup(alpha, g, c, v[g + 1]) for g in gammas]
@@ -70,7 +70,7 @@ def check_truncation_distance(fn) -> None:
     """Check ``fn(logits, kept_logits) -> tensor [...]`` (chapter 11): the total-variation distance,
     per row, between the softmax of ``logits`` and the softmax of ``kept_logits``, the same logits
     with the removed tokens at -inf."""
-    from ..probs import tv_distance
+    from ...probs import tv_distance
 
     gen = torch.Generator(device="cpu").manual_seed(11)
     wide = torch.randn(3, 50, generator=gen) * 2

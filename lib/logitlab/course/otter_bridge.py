@@ -2,7 +2,7 @@
 
 ::
 
-    python -m logitlab.otter_bridge chapters/02_truncation.ipynb --out otter/02_truncation
+    python -m logitlab.course.otter_bridge chapters/02_truncation.ipynb --out otter/02_truncation
     otter assign otter/02_truncation/master.ipynb otter/02_truncation/dist
     otter run -a otter/02_truncation/dist/autograder/*.zip -o RESULTS_FOLDER SUBMISSION.ipynb
 
@@ -20,7 +20,7 @@ What this does not protect: otter runs each test in the student's own kernel, af
 student's code, so the check runs in a process the notebook controls. A notebook that replaces
 ``ll.checks.check_softmax`` (or anything the check uses, torch's comparisons included) with
 something that always passes gets the points. Use it for feedback; for grades that count, use
-``python -m logitlab.grade``, which runs the checks in its own process on the functions it takes
+``python -m logitlab.course.grade``, which runs the checks in its own process on the functions it takes
 from the notebook (``book/teaching.md``).
 """
 
@@ -79,14 +79,14 @@ def otter_master(chapter: nbformat.NotebookNode, points: dict[str, int]) -> nbfo
 
 def guide_points(chapter_name: str) -> dict[str, tuple[str, int]]:
     """``{check name: (exercise label, points)}`` of a chapter's code exercises, from the guide."""
-    data = yaml.safe_load((Path(__file__).parent / "data" / "exercises.yml").read_text())
+    data = yaml.safe_load((Path(__file__).resolve().parents[1] / "data" / "exercises.yml").read_text())
     if chapter_name not in data:
         raise ValueError(f"no chapter {chapter_name!r} in the teacher's guide: one of {', '.join(data)}")
     return {e["check"]: (e["label"], e["points"]) for e in data[chapter_name]["exercises"] if e["kind"] == "code"}
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m logitlab.otter_bridge", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m logitlab.course.otter_bridge", description=__doc__.split("\n\n")[0])
     parser.add_argument("chapter", type=Path, help="a chapter notebook (chapters/NN_name.ipynb)")
     parser.add_argument("--out", type=Path, required=True, help="folder for master.ipynb")
     args = parser.parse_args(argv)

@@ -13,7 +13,7 @@ def check_training_layout(fn) -> None:
     """Check ``fn(length, starts, k) -> parents`` (chapter 8) against
     :func:`logitlab.training.lookahead.training_layout`: a sequence of ``length`` tokens as a chain, then
     ``k`` look-ahead slots in a chain after each context end ``t`` in ``starts``."""
-    from ..training.lookahead import training_layout
+    from ...training.lookahead import training_layout
 
     cases = [("one token, one slot", 1, [0], 1), ("the chapter's drawing", 5, [1, 3], 2),
              ("two groups after the same token", 4, [2, 2], 3), ("no groups", 3, [], 2),
@@ -30,7 +30,7 @@ def check_single_call_layout(fn) -> None:
     """Check ``fn(num_drafts, groups) -> parents`` (chapter 8) against
     :func:`logitlab.lookahead.single_call_layout`: the pending token, the drafts as a chain, then a
     chain of ``groups[j]`` slots after each prefix length ``j`` (in increasing order of j)."""
-    from ..lookahead import single_call_layout
+    from ...lookahead import single_call_layout
 
     cases = [("no drafts, three slots", 0, {0: 3}), ("two drafts, slots after every prefix", 2, {0: 2, 1: 2, 2: 2}),
              ("slots after the full prefix only", 3, {3: 2}), ("groups given out of order", 2, {2: 1, 0: 1}),

@@ -2,7 +2,7 @@
 
 This module belongs to the book's "Teaching with this book" page (``book/teaching.md``)::
 
-    python -m logitlab.assignments chapters/ --out student/
+    python -m logitlab.course.assignments chapters/ --out student/
 
 reads every chapter notebook (a folder, or single ``.ipynb`` files) and writes a student copy of
 each under ``--out``, with the same file name. What the conversion removes is marked in the
@@ -214,7 +214,7 @@ def make_student_versions(inputs, out_dir, *, verbose: bool = False) -> list[Pat
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m logitlab.assignments",
+        prog="python -m logitlab.course.assignments",
         description="Write student versions of the book's notebooks, with the solutions removed.",
     )
     parser.add_argument("inputs", nargs="+", metavar="INPUT", help="chapter notebooks, or folders of them")

@@ -39,7 +39,7 @@ def check_typical_accept(fn) -> None:
     """Check ``fn(draft_tokens, p, epsilon, delta) -> num_accepted`` for one sequence (chapter 7)
     against :func:`logitlab.typical_acceptance.typical_accept`: ``draft_tokens`` ``[g]``, ``p``
     ``[g, V]``."""
-    from ..typical_acceptance import typical_accept
+    from ...typical_acceptance import typical_accept
 
     sure, flat = [0.97, 0.01, 0.01, 0.01], [0.25, 0.25, 0.25, 0.25]
     cases = [("a sure target agrees, then a flat one: both pass", [0, 3], [sure, flat], 0.09, 0.3,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..probs import softmax
+from ...probs import softmax
 from .common import CheckFailed, asks_for, call, call_unchanged, show
 
 

@@ -23,7 +23,7 @@ import math
 import matplotlib.pyplot as plt
 import torch
 
-from .probs import softmax
+from ..probs import softmax
 from .viz import check_row, constraint_steps, outcome_html, plot_kept, plot_tree, token_label
 
 
@@ -85,7 +85,7 @@ def constraint_widget(tokenizer, pattern: str = r"[0-9]{4}-[0-9]{2}-[0-9]{2}", t
     import ipywidgets as widgets
     from IPython.display import display
 
-    from .constrained import Constraint
+    from ..constrained import Constraint
 
     compiled = {}
 
@@ -120,7 +120,7 @@ def truncation_widget(logits: torch.Tensor, tokenizer, k: int = 30):
     """Pick a truncation rule and its setting, and the temperature: which of the ``k`` most
     likely tokens of ``logits [vocab]`` it keeps, and how much probability they hold. The
     setting slider takes the chosen rule's own units and range (``TRUNCATION_SETTINGS``)."""
-    from . import cutoffs, processors
+    from .. import cutoffs, processors
 
     check_row(logits)
     widgets, options = _controls()
@@ -161,7 +161,7 @@ def penalty_widget(logits: torch.Tensor, context: torch.Tensor, output: torch.Te
     """The three penalties of chapter 3 on one step: the ``k`` most likely tokens of ``logits
     [vocab]`` before and after them. ``context`` holds every earlier token (the repetition
     penalty's count), ``output`` the generated ones (presence and frequency)."""
-    from .penalties import apply_penalties
+    from ..penalties import apply_penalties
 
     check_row(logits)
     widgets, options = _controls()
@@ -194,7 +194,7 @@ def beam_widget(model, tokenizer, prompt_ids, max_new_tokens: int = 24):
     length penalty: every hypothesis it returns, with its length, log-probability and score."""
     from IPython.display import display
 
-    from .beam import beam_search
+    from ..beam import beam_search
 
     widgets, options = _controls()
 
@@ -216,8 +216,8 @@ def beam_widget(model, tokenizer, prompt_ids, max_new_tokens: int = 24):
 def tree_widget(model, tokenizer, prompt_ids, seed: int = 0):
     """A token tree sampled after ``prompt_ids`` (a list of token ids) with a chosen branching at
     each of three levels, drawn level by level with each node's probability."""
-    from .devices import generator, model_device
-    from .tree import sample_tree
+    from ..devices import generator, model_device
+    from ..tree import sample_tree
 
     widgets, options = _controls()
 
@@ -241,7 +241,7 @@ def speedup_widget(costs: dict, alpha: float = 0.3, gamma: int = 3, c: float = 0
     ``c`` and verification cost ``v`` (a pass over gamma + 1 tokens, in decode steps; its slider
     starts at ``costs[gamma + 1]``, a measured cost), with the break-even line and the point at
     the chosen alpha."""
-    from .speculative import speedup
+    from ..speculative import speedup
 
     widgets, options = _controls()
     largest = max(costs) - 1

@@ -57,8 +57,8 @@ def check_beam_step(fn) -> None:
 @asks_for("logitlab.beam.beam_search")
 def check_backtrack(fn) -> None:
     """Check ``fn(parents, tokens, beam)`` against the beams that ``ll.beam_search`` records (chapter 4)."""
-    from ..beam import beam_search
-    from ..toy import toy_model
+    from ...beam import beam_search
+    from ...toy import toy_model
 
     cases = []
     for seed, (beams, steps) in enumerate([(1, 3), (2, 4), (3, 6), (4, 8)]):

@@ -48,7 +48,7 @@ def _frequency_cases():
 def check_frequency_penalty(fn) -> None:
     """Check ``fn(logits, prev_tokens, penalty)`` against
     :func:`logitlab.penalties.frequency_penalty` (chapter 3): the same logits, in a new tensor."""
-    from ..penalties import frequency_penalty
+    from ...penalties import frequency_penalty
 
     cases = _frequency_cases()
     for number, (name, logits, prev_tokens, penalty, hint) in enumerate(cases, start=1):
@@ -122,7 +122,7 @@ def _stop_cases():
 def check_stop_position(fn) -> None:
     """Check ``fn(pieces, stops)`` against :func:`logitlab.generate.find_stop` applied to
     ``"".join(pieces)`` (chapter 3)."""
-    from ..generate import find_stop
+    from ...generate import find_stop
 
     cases = _stop_cases()
     for number, (name, pieces, stops, hint) in enumerate(cases, start=1):

@@ -2,7 +2,7 @@
 
 ::
 
-    python -m logitlab.grade submissions/ --out grades.csv
+    python -m logitlab.course.grade submissions/ --out grades.csv
 
 Every ``*.ipynb`` under ``submissions/`` is one student's copy of one chapter (the student's name
 is the file's name without ``.ipynb``; put each class's copies of one chapter in one folder).
@@ -333,6 +333,7 @@ def _lock_down(imports) -> None:
     for name in sorted(imports):
         with contextlib.suppress(BaseException):
             importlib.import_module(name)
+    importlib.import_module(f"{__package__}.checks.common")  # what _call uses: no module loads after the lock
     for module, name in [("_posixsubprocess", "fork_exec"), ("subprocess", "_fork_exec")]:
         if module in sys.modules:  # it forks without an audit event
             setattr(sys.modules[module], name, None)
@@ -377,7 +378,7 @@ def _text(error: BaseException) -> str:
 
 
 def _call(function, message: dict) -> dict:
-    """Call the student's function as :func:`logitlab.checks.common.call` would, here."""
+    """Call the student's function as :func:`logitlab.course.checks.common.call` would, here."""
     from .checks.common import LibraryCalled, library_out_of_reach, own_work
 
     try:
@@ -439,8 +440,8 @@ class Sandbox:
 
         scratch.mkdir(parents=True, exist_ok=True)
         self.deadline = deadline
-        lib = str(Path(__file__).resolve().parents[1])
-        boot = f"import sys; sys.path.insert(0, {lib!r}); from logitlab.grade import _serve; _serve()"
+        lib = str(Path(__file__).resolve().parents[2])
+        boot = f"import sys; sys.path.insert(0, {lib!r}); from logitlab.course.grade import _serve; _serve()"
         env = {**os.environ, **OFFLINE, "HOME": str(scratch), "TMPDIR": str(scratch), "MPLBACKEND": "Agg",
                "MPLCONFIGDIR": matplotlib.get_configdir()}
         with open(scratch / "sandbox.log", "wb") as log:  # what the sandbox says before it is locked
@@ -656,8 +657,8 @@ def run_submission(path: Path, scratch: Path, timeout: float, memory_gb: float) 
     scratch.mkdir(parents=True)
     copy = scratch / "submission.ipynb"
     shutil.copy(path, copy)
-    command = [sys.executable, "-m", "logitlab.grade", "--run-one", str(copy), "--cell-timeout", str(int(timeout))]
-    from .models import cache_dir
+    command = [sys.executable, "-m", "logitlab.course.grade", "--run-one", str(copy), "--cell-timeout", str(int(timeout))]
+    from ..models import cache_dir
 
     # HOME is the scratch folder too, so that a notebook's files in ~ land there; the model cache
     # stays the grader's, so that no notebook dequantises the model again.
@@ -743,7 +744,7 @@ def grade(folder: Path, out: Path, *, timeout: float = 600, memory_gb: float = 8
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m logitlab.grade", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m logitlab.course.grade", description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, nargs="?", help="the returned notebooks (searched recursively)")
     parser.add_argument("--out", type=Path, default=Path("grades.csv"), help="the grade sheet (CSV)")
     parser.add_argument("--timeout", type=float, default=600,

@@ -18,8 +18,8 @@ def check_allowed_tokens(fn) -> None:
     as nested lists (``table[s][byte]``, -1 for no move), ``vocab`` the bytes of every token
     (``None`` for a special token): the tokens whose every byte has a move from ``state`` on,
     each with the state it ends in."""
-    from ..constrained import build_index
-    from ..regex_automaton import compile_regex
+    from ...constrained import build_index
+    from ...regex_automaton import compile_regex
 
     e_acute = "é".encode()
     cases = [
@@ -65,7 +65,7 @@ def check_fewest_tokens(fn) -> None:
     from state ``s``, ``accepting[s]`` says whether ``s`` completes a match; the answer gives,
     for every state, the fewest tokens that reach an accepting state (0 if it is one), or
     ``None`` where none can be reached."""
-    from ..constrained import fewest_tokens
+    from ...constrained import fewest_tokens
 
     cases = [
         ("a chain", [[1], [2], []], [False, False, True]),
@@ -104,7 +104,7 @@ def check_utf8_ranges(fn) -> None:
     ``lo..hi``, each matched once, in no more sequences than the library needs."""
     import itertools
 
-    from ..regex_automaton import utf8_ranges
+    from ...regex_automaton import utf8_ranges
 
     cases = [
         ("one code point", 0xE9, 0xE9),
@@ -171,7 +171,7 @@ def check_subset_construction(fn) -> None:
     ``empty[s]`` its empty moves; ``accepting`` is a list of states. The answer numbers its
     states from 0 (the start's closure), ``table[d][symbol]`` is the next state or -1 (the empty
     set), ``final[d]`` whether ``d`` accepts: one state per reachable non-empty set."""
-    from ..regex_automaton import ByteNFA, determinize
+    from ...regex_automaton import ByteNFA, determinize
 
     cases = [
         ("a then b", 2, [[(0, 1)], [(1, 2)], []], [[], [], []], 0, [2]),

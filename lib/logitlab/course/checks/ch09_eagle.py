@@ -16,7 +16,7 @@ def check_keep_best(fn) -> None:
     :func:`logitlab.eagle.rerank`: the ``budget`` candidates with the highest cumulative scores,
     as their indices in increasing order, and each kept node's parent renumbered among the kept
     ones (-1 for the root)."""
-    from ..eagle import rerank
+    from ...eagle import rerank
 
     cases = [
         ("a chain", [-0.1, -0.5, -0.9], [-1, 0, 1], 2),
@@ -49,7 +49,7 @@ def check_after_rejection(fn) -> None:
     :func:`logitlab.tree_verification.after_rejection`: the target's distribution left for the next
     sibling after ``token``, drawn from ``q`` (``None``: chosen, a point mass), was rejected. Both
     are compared normalised, so ``fn`` may normalise or not."""
-    from ..tree_verification import after_rejection
+    from ...tree_verification import after_rejection
 
     t = torch.tensor
     cases = [

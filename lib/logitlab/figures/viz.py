@@ -1,4 +1,4 @@
-"""The book's plots and tables (its widgets are in ``logitlab.widgets``).
+"""The book's plots and tables (its widgets are in ``logitlab.figures.widgets``).
 
 Chapter 1 uses ``token_label``, ``top_tokens_table``, ``plot_top_tokens``,
 ``plot_temperatures`` and ``plot_inverse_transform``; chapter 2 adds ``plot_kept``, chapter 5
@@ -13,8 +13,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import torch
 
-from .probs import log_softmax, softmax
-from .sampling import inverse_transform
+from ..probs import log_softmax, softmax
+from ..sampling import inverse_transform
 
 
 def token_label(tokenizer, token_id: int) -> str:

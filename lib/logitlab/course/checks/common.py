@@ -25,7 +25,7 @@ class LibraryCalled(BaseException):
 def _forbidden_call(*args, **kwargs):
     # Runs with the globals of the library module it replaces a function of: it can only reach
     # this module through __import__.
-    raise __import__("logitlab.checks.common", fromlist=["LibraryCalled"]).LibraryCalled()
+    raise __import__("logitlab.course.checks.common", fromlist=["LibraryCalled"]).LibraryCalled()
 
 
 # The library functions the running check compares against: its exercise asks for them.

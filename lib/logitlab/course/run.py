@@ -33,7 +33,7 @@ import yaml
 
 from .assignments import BEGIN, END, make_student_versions
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 REPO_LINE = re.compile(r'^REPO = "[^"]*"', re.M)
 
 
@@ -61,7 +61,7 @@ def point_chapters_at(url: str, chapters: Path) -> list[Path]:
     return changed
 
 
-GUIDE_DATA = Path(__file__).parent / "data" / "exercises.yml"
+GUIDE_DATA = Path(__file__).resolve().parents[1] / "data" / "exercises.yml"
 GUIDE_PAGE = ROOT / "book" / "teachers_guide.md"
 DIFFICULTY = {1: "routine", 2: "needs thought", 3: "hard"}
 
@@ -96,7 +96,7 @@ def teachers_guide(data: dict) -> str:
              "% Written by `python -m logitlab.course` from lib/logitlab/data/exercises.yml: edit that file.", "",
              "For each chapter: what a student can do after it, what they need before it, and each exercise's",
              "time (minutes, for a good student of a graduate course, reading included), difficulty and points.",
-             "Code exercises are graded by their check (`python -m logitlab.grade`, see the",
+             "Code exercises are graded by their check (`python -m logitlab.course.grade`, see the",
              "{doc}`teaching page <teaching>`); every written exercise has a rubric: what a full, a partial",
              "and a missing answer contain. In all, the book has "
              f"{len(every)} exercises, about {round(sum(e['minutes'] for e in every) / 60)} hours of work and "
