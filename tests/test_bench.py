@@ -6,7 +6,8 @@ import re
 import pytest
 import torch
 
-from logitlab import bench, timing
+from logitlab import bench
+from logitlab.measure import timing
 
 
 @pytest.fixture(scope="module")
@@ -312,7 +313,7 @@ def test_quick_runs_every_table_with_fewer_settings(monkeypatch, tmp_path):
 
 
 def test_runs_combine_into_medians_with_every_run_kept():
-    from logitlab.bench.table import combine_runs
+    from logitlab.measure.table import combine_runs
 
     def run(alpha, ratio, seconds):
         return [{"measurement": f"draft model (gamma={alpha}, alpha=0.{alpha}), 2 prompts", "seconds": seconds,

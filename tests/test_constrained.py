@@ -674,7 +674,7 @@ def test_equal_z_i_at_every_step_do_not_make_masking_conditioning():
     """Chapter 10's counterexample, exactly: outputs A+EOS and AB+EOS, every Z_i = 1/2. The model
     gives them 1/8 and 1/16 (conditioned: 2/3 and 1/3), masking 1/2 each, and the ratio of the two
     is Z / prod Z_i along each output."""
-    from logitlab.conditioning import path_probabilities, token_paths
+    from logitlab.measure.conditioning import path_probabilities, token_paths
     from logitlab.toy import NGramLM
     probs = torch.zeros(5, 4)  # a bigram table: tokens A, B, C, EOS; row 4 is the empty history
     probs[3] = probs[4] = torch.tensor([1 / 2, 0, 1 / 2, 0])  # the start (after the prompt's EOS)
@@ -702,7 +702,7 @@ def test_masking_and_conditioning_are_each_what_sampling_gives_and_they_differ()
     ``path_probabilities``' masked distribution, rejection sampling of unconstrained outputs
     follows its conditional one (chi-square, 1e-4 each), and the two are far apart."""
     from scipy.stats import chisquare
-    from logitlab.conditioning import path_probabilities, token_paths
+    from logitlab.measure.conditioning import path_probabilities, token_paths
     toy = ll.toy_model(vocab_size=5, order=2, seed=0)
     constraint = Constraint(r"(a|b){1,2}c?", vocab=TOY_VOCAB, eos_token_id=4)
     paths = token_paths(constraint, max_tokens=4)

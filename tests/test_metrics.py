@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from logitlab.metrics import distinct_n, ngrams, repetition_rate
+from logitlab.measure.metrics import distinct_n, ngrams, repetition_rate
 
 
 def test_ngrams():

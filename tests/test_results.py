@@ -1,4 +1,4 @@
-"""The measurements the library ships (logitlab.results): the bench run that chapter 11 and the
+"""The measurements the library ships (logitlab.measure.results): the bench run that chapter 11 and the
 benchmarks page read, and the GPU pass costs."""
 
 import re
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from logitlab import results
+from logitlab.measure import results
 
 ROOT = Path(__file__).resolve().parents[1]
 

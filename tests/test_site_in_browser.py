@@ -18,7 +18,7 @@ import re
 import shutil
 import threading
 from pathlib import Path
-from urllib.parse import unquote, urldefrag, urljoin, urlparse
+from urllib.parse import unquote, urldefrag, urlparse
 
 import pytest
 import yaml

@@ -8,7 +8,8 @@ import torch
 
 import logitlab as ll
 from logitlab.speculative import speculative_generate
-from logitlab.typical_acceptance import TypicalAcceptance, output_distance, typical_accept, typical_threshold
+from logitlab.measure.exactness import output_distance
+from logitlab.typical_acceptance import TypicalAcceptance, typical_accept, typical_threshold
 
 SURE = [0.97, 0.01, 0.01, 0.01]  # low entropy: the bar is epsilon
 FLAT = [0.25, 0.25, 0.25, 0.25]  # entropy log 4: the bar is delta / 4 = 0.075

@@ -10,9 +10,10 @@ Each module follows a chapter of the book and says which one.
 
 import importlib
 
-from . import (conditioning, constrained, cutoffs, decoding, devices, drafter, drafters, eagle, fast_cpu, json_schema,
-               lookahead, medusa, metrics, ngram_rules, penalties, processors, regex_automaton, results, speculative,
-               tree, tree_verification, typical_acceptance)
+from . import (constrained, cutoffs, decoding, devices, drafter, drafters, eagle, fast_cpu, json_schema, lookahead,
+               medusa, ngram_rules, penalties, processors, regex_automaton, speculative, tree, tree_verification,
+               typical_acceptance)
+from .measure import conditioning, exactness, metrics, results, timing
 from .decoding import GenerationResult
 from .devices import generator
 from .models import chat_ids, device, load, next_token_logits, toy_bigram, toy_model
@@ -54,7 +55,10 @@ __all__ = [
     "Constraint",
     "regex_automaton",
     "results",
+    "timing",
+    "exactness",
     "decoding",
+    "devices",
     "drafter",
     "fast_cpu",
     "generator",

@@ -69,7 +69,7 @@ from .drafting import bench_draft_model, bench_eagle, bench_pass, bench_speculat
 from .prompts import DRAFT_PROMPTS, GROUNDED, OPEN_ENDED
 from .run import main
 from .spec_bench import bench_spec_bench
-from .table import Table, cpu_name
+from ..measure.table import Table, cpu_name
 from .verification import bench_verification
 
 __all__ = ["DRAFT_PROMPTS", "GROUNDED", "OPEN_ENDED", "Table", "bench_decoders", "bench_draft_model", "bench_generate", "bench_load",

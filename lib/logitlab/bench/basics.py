@@ -11,9 +11,9 @@ from ..beam import beam_search
 from ..devices import generator as seeded_generator
 from ..generate import generate
 from ..sampling import SamplingConfig, gumbel_max, next_token, process_logits, sample
-from ..timing import forward_seconds, interleaved_median_times, median_time
+from ..measure.timing import forward_seconds, interleaved_median_times, median_time
 from ..tree import sample_tree, score_paths, score_tree
-from .table import Table
+from ..measure.table import Table
 
 def bench_load(table: Table) -> None:
     with tempfile.TemporaryDirectory() as tmp:

@@ -11,9 +11,9 @@ import torch
 from ..constrained import Constraint, mask_rows, vocabulary_bytes
 from ..generate import generate
 from ..json_schema import to_regex
-from ..timing import median_time
+from ..measure.timing import median_time
 from .prompts import chat
-from .table import Table
+from ..measure.table import Table
 
 # A typical structured-output request (four required fields, one a short array), and the same
 # with length bounds on its strings, which unroll into many more automaton states.

@@ -16,7 +16,7 @@ import statistics
 import torch
 
 from ..devices import generator as seeded_generator
-from ..timing import pass_times
+from ..measure.timing import pass_times
 
 
 @torch.inference_mode()

@@ -15,7 +15,7 @@ from ..generate import generate
 from ..sampling import SamplingConfig, process_logits
 from .drafting import timed_runs
 from .prompts import DRAFT_PROMPTS, chat
-from .table import Table
+from ..measure.table import Table
 
 # One setting per truncation rule, the values the chapters use as their examples.
 TRUNCATIONS = {"top-k 50": dict(top_k=50), "top-p 0.9": dict(top_p=0.9), "min-p 0.1": dict(min_p=0.1),

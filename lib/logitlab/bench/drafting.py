@@ -8,10 +8,10 @@ from ..devices import generator as seeded_generator
 from ..drafters import DraftModelDrafter
 from ..generate import generate
 from ..speculative import pooled_alpha, speculative_generate
-from ..timing import forward_seconds, interleaved_median_times
+from ..measure.timing import forward_seconds, interleaved_median_times
 from .costmodel import calibrate, predicted_speedups
 from .prompts import CALIBRATION, CALIBRATION_GROUNDED, DRAFT_PROMPTS, GROUNDED, OPEN_ENDED, cached_prefix, chat
-from .table import Table
+from ..measure.table import Table
 
 
 @torch.inference_mode()

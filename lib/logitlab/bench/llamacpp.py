@@ -10,8 +10,8 @@ import torch
 
 from ..devices import now
 from ..models import cache_dir, gguf_path
-from ..timing import pass_times
-from .table import Table
+from ..measure.timing import pass_times
+from ..measure.table import Table
 
 INSTALL = "pip install llama-cpp-python (it compiles llama.cpp: about 15 minutes on two cores)"
 

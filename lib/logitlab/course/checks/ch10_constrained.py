@@ -102,7 +102,6 @@ def check_utf8_ranges(fn) -> None:
     :func:`logitlab.regex_automaton.utf8_ranges`: the byte strings the sequences match (one
     byte from each range, in order) must be exactly the UTF-8 encodings of the code points
     ``lo..hi``, each matched once, in no more sequences than the library needs."""
-    import itertools
 
     from ...regex_automaton import utf8_ranges
 

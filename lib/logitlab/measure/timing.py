@@ -12,8 +12,8 @@ import statistics
 
 import torch
 
-from .decoding import crop_cache
-from .devices import model_device, now
+from ..decoding import crop_cache
+from ..devices import model_device, now
 
 
 def median_time(fn, repeat: int = 7, warmup: int = 2) -> float:

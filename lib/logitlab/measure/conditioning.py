@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import torch
 
-from .constrained import Constraint
-from .decoding import forward
-from .devices import model_device
+from ..constrained import Constraint
+from ..decoding import forward
+from ..devices import model_device
 
 
 def token_paths(constraint: Constraint, max_tokens: int = 16, limit: int = 10_000) -> list[tuple[int, ...]]:

@@ -24,7 +24,7 @@ import json
 import re
 from pathlib import Path
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def bench_run(path: str | Path | None = None) -> dict:
@@ -170,7 +170,7 @@ def spec_bench_markdown(run: dict, leaderboard: dict | None = None) -> str:
     with their spread over the runs, a column per task and one for all six; then the
     leaderboard's figures (``spec_bench.LEADERBOARD_A100_VICUNA_7B``) beside our T = 0 overall
     for the methods both have."""
-    from .spec_bench import LEADERBOARD_A100_VICUNA_7B, TASKS
+    from ..spec_bench import LEADERBOARD_A100_VICUNA_7B, TASKS
 
     leaderboard = LEADERBOARD_A100_VICUNA_7B if leaderboard is None else leaderboard
     cells = spec_bench_cells(run)
