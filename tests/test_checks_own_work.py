@@ -7,10 +7,10 @@ import torch
 
 import logitlab as ll
 from logitlab.course import checks
-from logitlab.constrained import build_index, fewest_tokens
+from logitlab.constrained.index import build_index, fewest_tokens
 from logitlab.generate import find_stop
 from logitlab.lookahead import single_call_layout
-from logitlab.regex_automaton import ByteNFA, determinize, utf8_ranges
+from logitlab.constrained.regex import ByteNFA, determinize, utf8_ranges
 from logitlab.training.lookahead import training_layout
 from logitlab.tree_verification import after_rejection
 

@@ -11,9 +11,10 @@ import torch
 from transformers import LogitsProcessorList
 
 import logitlab as ll
-from logitlab.constrained import Constraint, vocabulary_bytes
-from logitlab.json_schema import JSON_WHITESPACE
-from logitlab.regex_automaton import compile_regex, utf8_ranges
+from logitlab.constrained.constraint import Constraint
+from logitlab.constrained.vocabulary import vocabulary_bytes
+from logitlab.constrained.json_schema import JSON_WHITESPACE
+from logitlab.constrained.regex import compile_regex, utf8_ranges
 
 STRING = r'"([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"'
 PATTERNS = [
@@ -352,7 +353,7 @@ TOY_PATTERN = r"(a|b)+c?"
 def masked_sequence_probs(model, prompt, length, config, constraint, eos=4):
     """Every continuation of up to ``length`` tokens and its exact probability under the
     model masked by ``constraint`` (with the token budget), then processed by ``config``."""
-    from logitlab.constrained import mask_rows
+    from logitlab.constrained.constraint import mask_rows
     from logitlab.sampling import process_logits
     probs = {}
 
@@ -466,7 +467,7 @@ PERSON = {
 
 
 def test_json_schema_regex_accepts_valid_documents_and_rejects_others():
-    from logitlab.json_schema import to_regex
+    from logitlab.constrained.json_schema import to_regex
     pattern = to_regex(PERSON)
     good = {"name": "Ana", "age": 31, "city": "Lima", "tags": ["a", "bé"], "score": -2.5e3, "member": True,
             "address": {"zip": None}}
@@ -488,7 +489,7 @@ def test_json_schema_regex_accepts_valid_documents_and_rejects_others():
 
 
 def test_the_whitespace_may_match_only_json_whitespace():
-    from logitlab.json_schema import to_regex
+    from logitlab.constrained.json_schema import to_regex
     schema = {"type": "array", "items": {"type": "integer"}, "maxItems": 1}
     assert to_regex(schema, whitespace=r"[ \t]?") == r"\[[ \t]?(-?(0|[1-9][0-9]*)([ \t]?,[ \t]?-?(0|[1-9][0-9]*)){0,0})?[ \t]?\]"
     for whitespace in (r"\s*", r"[ \v]?", r"\s?", "[ ]|x", r"[^a]*"):
@@ -537,19 +538,19 @@ def test_the_whitespace_may_match_only_json_whitespace():
     ({"const": float("nan")}, "is not JSON"),
 ])
 def test_schemas_outside_the_subset_raise(schema, match):
-    from logitlab.json_schema import to_regex
+    from logitlab.constrained.json_schema import to_regex
     with pytest.raises(ValueError, match=match):
         to_regex(schema, max_depth=2)
 
 
 def test_max_depth_is_checked():
-    from logitlab.json_schema import to_regex
+    from logitlab.constrained.json_schema import to_regex
     with pytest.raises(ValueError, match="max_depth must be an integer >= 0"):
         to_regex({"type": "string"}, max_depth=-1)
 
 
 def test_keywords_go_to_the_types_they_apply_to():
-    from logitlab.json_schema import to_regex
+    from logitlab.constrained.json_schema import to_regex
     assert to_regex({"type": ["integer", "null"], "minimum": 1}) == "([1-9][0-9]*|null)"
     assert to_regex({"type": ["string", "null"], "maxLength": 2, "title": "t"}) == \
         '("' + to_regex({"type": "string"})[1:-2] + '{0,2}"|null)'
@@ -562,7 +563,7 @@ def test_no_surrogate_escape_is_written():
     """A pair of surrogate escapes is one character to JSON (and to ``minLength``), a lone one
     is not a character at all (UTF-8 cannot encode it), so string patterns write characters past
     U+FFFF as themselves."""
-    from logitlab.json_schema import to_regex
+    from logitlab.constrained.json_schema import to_regex
     pattern = to_regex({"type": "string", "minLength": 2})
     pair = '"\\ud83d\\ude00"'
     assert len(json.loads(pair)) == 1 and not re.fullmatch(pattern, pair)
@@ -574,7 +575,7 @@ def test_no_surrogate_escape_is_written():
 def test_the_date_format_has_the_days_of_each_month():
     """Every day of every month of years around the leap-year rules, against ``datetime``."""
     import datetime
-    from logitlab.json_schema import to_regex
+    from logitlab.constrained.json_schema import to_regex
     pattern = to_regex({"type": "string", "format": "date"})
     for year in (1, 4, 10, 100, 400, 1000, 1900, 1996, 2000, 2023, 2024, 2100, 2400, 9996, 9999):
         for month in range(0, 14):
@@ -638,7 +639,7 @@ def test_every_string_the_pattern_matches_parses_and_validates(schema, whitespac
     """An oracle without a model: random strings that the compiled pattern accepts are read by
     ``json.loads`` and pass ``jsonschema`` (formats checked too)."""
     import jsonschema
-    from logitlab.json_schema import to_regex
+    from logitlab.constrained.json_schema import to_regex
     pattern = to_regex(schema, whitespace=whitespace)
     texts = random_matches(pattern, 150)
     checker = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
@@ -653,7 +654,7 @@ def test_every_string_the_pattern_matches_parses_and_validates(schema, whitespac
 @pytest.mark.slow
 def test_every_sampled_json_document_parses_and_validates(smollm2):
     jsonschema = pytest.importorskip("jsonschema")
-    from logitlab.json_schema import to_regex
+    from logitlab.constrained.json_schema import to_regex
     model, tokenizer = smollm2
     schema = {"type": "object", "properties": {
         "name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0},

@@ -20,7 +20,7 @@ from test_medusa import random_heads
 from test_speculative import P_MIN, tiny_llama
 
 import logitlab as ll
-from logitlab.constrained import Constraint, LookAhead
+from logitlab.constrained.constraint import Constraint, LookAhead
 from logitlab.drafter import Drafter, DraftTree
 from logitlab.drafters import MedusaDrafter
 from logitlab.eagle import EagleDrafter, FeatureDrafter
@@ -209,7 +209,7 @@ def smollm2():
 @pytest.mark.slow
 def test_every_tree_drafter_is_greedy_under_a_regex_and_a_json_schema(smollm2):
     from logitlab.eagle import load_drafter
-    from logitlab.json_schema import to_regex
+    from logitlab.constrained.json_schema import to_regex
     from logitlab.medusa import load_heads
     model, tokenizer = smollm2
     pattern = r'\{"name": "[A-Za-z ]{1,20}", "age": [0-9]{1,3}\}'

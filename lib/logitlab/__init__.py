@@ -10,9 +10,8 @@ Each module follows a chapter of the book and says which one.
 
 import importlib
 
-from . import (constrained, cutoffs, decoding, devices, drafter, drafters, eagle, fast_cpu, json_schema, lookahead,
-               medusa, ngram_rules, penalties, processors, regex_automaton, speculative, tree, tree_verification,
-               typical_acceptance)
+from . import (constrained, cutoffs, decoding, devices, drafter, drafters, eagle, fast_cpu, lookahead, medusa,
+               ngram_rules, penalties, processors, speculative, tree, tree_verification, typical_acceptance)
 from .measure import conditioning, exactness, metrics, results, timing
 from .decoding import GenerationResult
 from .devices import generator
@@ -51,9 +50,7 @@ __all__ = [
     "conditioning",
     "constrained",
     "cutoffs",
-    "json_schema",
     "Constraint",
-    "regex_automaton",
     "results",
     "timing",
     "exactness",

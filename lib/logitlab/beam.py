@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ._validate import check_logits, check_processors
-from .constrained import constraint_rows, mask_rows
+from .constrained.constraint import constraint_rows, mask_rows
 from .decoding import check_counts, check_model, eos_ids, forward, prompt_batch
 from .devices import model_device, now
 

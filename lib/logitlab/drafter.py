@@ -65,7 +65,7 @@ class Drafter:
     # states it is handed (``observe_states``) are then those layers' outputs, concatenated.
     feature_layers: tuple[int, ...] | None = None
     # Set by the loop before each call when the output is constrained (chapter 10): the rows'
-    # ``logitlab.constrained.LookAhead``. A drafter that samples its proposals token by token
+    # ``logitlab.constrained.constraint.LookAhead``. A drafter that samples its proposals token by token
     # passes its logits through ``constrained`` and its tokens to ``drafted``, so that it
     # proposes only tokens the constraint allows (its q is then the masked distribution). A
     # drafter that ignores it stays exact: the target rejects what the constraint forbids. The

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from ._validate import check_generator, check_processors
-from .constrained import advance_rows, constraint_rows, mask_rows
+from .constrained.constraint import advance_rows, constraint_rows, mask_rows
 from .decoding import (GenerationResult, check_counts, check_model, decode_texts, eos_ids, forward, prompt_batch,
                        token_logprobs)
 from .devices import model_device, now

@@ -40,7 +40,7 @@ from .decoding import (GenerationResult, check_body_and_head, check_counts, chec
                        forward, keep_in_block, prompt_batch, roll_back, target_probs, token_logprobs, tree_forward,
                        vocab_size)
 from .devices import exact_dtype, model_device, now
-from .constrained import LookAhead, constraint_rows
+from .constrained.constraint import LookAhead, constraint_rows
 from .drafter import DraftTree, check_drafter
 from .sampling import SamplingConfig, inverse_transform
 from .tree import depths, tree_attention_mask

@@ -8,9 +8,10 @@ from importlib.metadata import version
 
 import torch
 
-from ..constrained import Constraint, mask_rows, vocabulary_bytes
+from ..constrained.constraint import Constraint, mask_rows
+from ..constrained.vocabulary import vocabulary_bytes
 from ..generate import generate
-from ..json_schema import to_regex
+from ..constrained.json_schema import to_regex
 from ..measure.timing import median_time
 from .prompts import chat
 from ..measure.table import Table

@@ -85,7 +85,7 @@ def constraint_widget(tokenizer, pattern: str = r"[0-9]{4}-[0-9]{2}-[0-9]{2}", t
     import ipywidgets as widgets
     from IPython.display import display
 
-    from ..constrained import Constraint
+    from ..constrained.constraint import Constraint
 
     compiled = {}
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from ..constrained import Constraint
+from ..constrained.constraint import Constraint
 from ..decoding import forward
 from ..devices import model_device
 

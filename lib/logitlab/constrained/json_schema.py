@@ -39,8 +39,8 @@ from __future__ import annotations
 import json
 import re
 
-from ._validate import check_int
-from .regex_automaton import compile_regex
+from .._validate import check_int
+from .regex import compile_regex
 
 # One character of a JSON string: any character but '"', '\' and controls, or an escape; a \u
 # escape of a surrogate (D800-DFFF) is left out.
