@@ -14,7 +14,7 @@ import torch
 import logitlab as ll
 from logitlab import penalties, processors
 from logitlab._validate import check_int, check_number, check_temperature
-from logitlab.best_of_n import select_best
+from logitlab.search.best_of_n import select_best
 from logitlab.sampling import SamplingConfig, next_token, process_logits
 
 INF = float("inf")

@@ -7,7 +7,7 @@ import torch
 from transformers import GenerationConfig
 
 import logitlab as ll
-from logitlab.beam import beam_search
+from logitlab.search.beam import beam_search
 
 
 @pytest.fixture(scope="module")

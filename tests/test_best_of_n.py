@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import logitlab as ll
-from logitlab.best_of_n import select_best, sequence_scores
+from logitlab.search.best_of_n import select_best, sequence_scores
 
 
 def test_best_of_n_picks_the_highest_score_of_each_prompt():

@@ -38,7 +38,7 @@ SHORT_CUTS = {
     "check_frequency_penalty": lambda logits, prev, penalty: ll.penalties.frequency_penalty(logits, prev, penalty),
     "check_stop_position": lambda pieces, stops: find_stop("".join(pieces), stops),
     "check_tree_mask": lambda parents: ll.tree_attention_mask(parents),
-    "check_tree_positions": lambda parents, offset: ll.tree.tree_position_ids(parents, offset),
+    "check_tree_positions": lambda parents, offset: ll.tree_position_ids(parents, offset),
     "check_verify": lambda d, q, p, generator: ll.speculative.verify(d[None], q[None], p[None], generator),
     "check_expected_tokens": lambda alpha, gamma: ll.speculative.expected_tokens(alpha, gamma),
     "check_match_probability": lambda p: ll.typical_acceptance.match_probability(p),

@@ -12,7 +12,7 @@ from test_speculative import P_MIN, chi_square_pvalue, exact_llama_probs, tiny_l
 import logitlab as ll
 from logitlab.drafters import MedusaDrafter
 from logitlab.medusa import MedusaHeads, load_heads, medusa_generate, save_heads
-from logitlab.tree import cartesian_tree
+from logitlab.decoding.tree_shape import cartesian_tree
 from logitlab.sampling import SamplingConfig
 from logitlab.speculative import speculative_generate
 
@@ -122,7 +122,7 @@ class SoftQOnTopK(MedusaDrafter):
     def propose(self, next_tokens, gamma, config, generator=None):
         tree = super().propose(next_tokens, gamma, config, generator)
         logits = self.heads(self.hidden)[:, : tree.depth].float()
-        heads_of_nodes = [d - 2 for d in ll.tree.depths(tree.rows()[0])[1:]]
+        heads_of_nodes = [d - 2 for d in ll.decoding.tree_shape.depths(tree.rows()[0])[1:]]
         tree.q = torch.softmax(logits[:, heads_of_nodes] / config.temperature, dim=-1)
         return tree
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from logitlab.tree import gumbel_top_k
+from logitlab.search.trees import gumbel_top_k
 from logitlab.tree_verification import children_lists, deepest_path, greedy_tree, verify_tree
 
 P_MIN = 1e-4

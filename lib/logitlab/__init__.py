@@ -11,20 +11,21 @@ Each module follows a chapter of the book and says which one.
 import importlib
 
 from . import (constrained, cutoffs, decoding, devices, drafter, drafters, eagle, fast_cpu, lookahead, medusa,
-               ngram_rules, penalties, processors, speculative, tree, tree_verification, typical_acceptance)
+               ngram_rules, penalties, processors, search, speculative, tree_verification, typical_acceptance)
 from .measure import conditioning, exactness, metrics, results, timing
 from .decoding import GenerationResult
+from .decoding.tree_shape import tree_attention_mask, tree_position_ids
 from .devices import generator
 from .models import chat_ids, device, load, next_token_logits, toy_bigram, toy_model
 from .probs import apply_temperature, entropy, kl, log_softmax, softmax, tv_distance
 from .generate import generate
 from .sampling import SamplingConfig, greedy, gumbel_max, next_token, sample
-from .beam import BeamSearchResult, beam_search
-from .best_of_n import BestOfN, best_of_n
+from .search.beam import BeamSearchResult, beam_search
+from .search.best_of_n import BestOfN, best_of_n
+from .search.trees import TokenTree, gumbel_top_k, sample_tree, score_paths, score_tree
 from .speculative import SpeculativeResult, speculative_generate
 from .typical_acceptance import TypicalAcceptance, typical_accept
 from .constrained import Constraint
-from .tree import TokenTree, gumbel_top_k, sample_tree, score_paths, score_tree, tree_attention_mask, tree_position_ids
 
 __version__ = "0.1.0"
 
@@ -73,7 +74,7 @@ __all__ = [
     "typical_acceptance",
     "TypicalAcceptance",
     "typical_accept",
-    "tree",
+    "search",
     "tree_verification",
     "apply_temperature",
     "beam_search",

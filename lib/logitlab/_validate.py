@@ -132,3 +132,23 @@ def check_processors(processors, name: str = "logits_processor") -> list:
         raise ValueError(f"{name} must be None or a list of processors, each called as (tokens, logits), "
                          f"got {processors!r}")
     return list(processors)
+
+
+def check_parents(parents) -> list[int]:
+    if isinstance(parents, torch.Tensor) and parents.dim() == 1 and not parents.is_floating_point():
+        parents = parents.tolist()
+    if not isinstance(parents, (list, tuple)) or not parents:
+        raise ValueError("parents must be a non-empty list of parent indices (-1: a child of the root)")
+    for i, p in enumerate(parents):
+        if isinstance(p, bool) or not isinstance(p, int) or not -1 <= p < i:
+            raise ValueError(f"parents[{i}] must be an integer in [-1, {i - 1}] (a parent comes before its "
+                             f"children; -1 is the root), got {p!r}")
+    return list(parents)
+
+
+def check_branching(branching) -> tuple[int, ...]:
+    if not isinstance(branching, (tuple, list)) or not branching or not all(
+            isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in branching):
+        raise ValueError(f"branching must be a non-empty tuple of integers >= 1 (children per node, "
+                         f"level by level), got {branching!r}")
+    return tuple(branching)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .tree import depths
+from .decoding.tree_shape import depths
 
 
 @dataclass

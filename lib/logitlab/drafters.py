@@ -37,7 +37,7 @@ import torch
 from . import fast_cpu
 from .decoding import draw, forward, roll_back
 from .drafter import Drafter, DraftTree
-from .tree import cartesian_tree, depths
+from .decoding.tree_shape import cartesian_tree, depths
 
 
 class DraftModelDrafter(Drafter):

@@ -40,7 +40,7 @@ from .decoding import check_body_and_head, crop_cache, draw, forward, tree_forwa
 from .drafter import Drafter, DraftTree
 from .drafters import SubsetHead
 from .sampling import process_logits
-from .tree import cartesian_tree
+from .decoding.tree_shape import cartesian_tree
 
 # Written by ``python -m logitlab.training.eagle``: the layer, fc and norm in float16 and the ids
 # of the tokens the output layer scores (the embedding is the target's own).

@@ -24,7 +24,7 @@ Two ways to use them, both here:
   always accepted) and the loop's *validation* call, with the usual rejection rule.
 * ``pass_generate``: our single-call variant. One pass verifies the previous drafts **and**
   drafts the next ones: the look-ahead embeddings go after every prefix of the drafts that
-  verification might keep (a small tree, scored with ``logitlab.tree``'s attention mask), or
+  verification might keep (a small tree, scored with ``decoding.tree_shape``'s attention mask), or
   only after the prefix most likely to be kept. Exactness is unchanged (chapter 8 proves it).
 
 Training (``logitlab.training.lookahead``) distils the target into the embeddings: the output
@@ -44,7 +44,7 @@ from .devices import model_device, now
 from .drafter import Drafter
 from .sampling import SamplingConfig
 from .speculative import Outputs, RejectionSampling, SpeculativeResult, call_counts
-from .tree import tree_attention_mask, tree_position_ids
+from .decoding.tree_shape import tree_attention_mask, tree_position_ids
 
 # Written by ``python -m logitlab.training.lookahead``: 8 look-ahead embeddings for SmolLM2-135M.
 PRETRAINED_LOOKAHEAD = Path(__file__).parent / "data" / "lookahead_smollm2_135m.safetensors"

@@ -20,7 +20,7 @@ Two ways to verify the guesses, both in the one loop of ``ll.speculative_generat
   applies (rejection sampling, greedy matching, typical acceptance);
 * as a **tree** (``MedusaDrafter(heads, tree=...)``, or ``medusa_generate`` here): the top ``b_1``
   tokens of head 1, each followed by the top ``b_2`` of head 2, and so on, all verified in one
-  target pass with ``logitlab.tree``'s attention mask; the deepest accepted path wins. Greedy
+  target pass with ``decoding.tree_shape``'s attention mask; the deepest accepted path wins. Greedy
   matching at temperature 0; above it, exact recursive rejection sampling over the siblings
   (``logitlab.tree_verification``, chapter 9) or typical acceptance at each node.
 """

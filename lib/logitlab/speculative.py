@@ -43,7 +43,7 @@ from .devices import exact_dtype, model_device, now
 from .constrained.constraint import LookAhead, constraint_rows
 from .drafter import DraftTree, check_drafter
 from .sampling import SamplingConfig, inverse_transform
-from .tree import depths, tree_attention_mask
+from .decoding.tree_shape import depths, tree_attention_mask
 from .tree_verification import greedy_tree, verify_tree
 
 

@@ -21,7 +21,7 @@ Like a transformer, the model also takes a custom 4D attention mask ``[batch, 1,
 (``True`` or ``0.0``: may attend; ``False``, ``-inf`` or the dtype's minimum: may not) with
 ``position_ids``. Each query then sees only the tokens its mask row allows, and its n-gram
 context is the last ``order - 1`` of those, ordered by position. That is what lets the toy
-model score a whole token tree in one call (chapter 5, ``logitlab.tree``) and get exactly what
+model score a whole token tree in one call (chapter 5, ``logitlab.search.trees``) and get exactly what
 it gives each root-to-leaf path alone.
 """
 

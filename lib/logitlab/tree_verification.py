@@ -5,8 +5,8 @@ Medusa's trees. The proof that ``verify_tree`` is exact is on the book's proofs 
 
 A drafter that proposes a *tree* offers several candidates for the same place: the children of
 a node are alternatives for the token after it. The target scores the whole tree in one pass
-(``logitlab.tree``'s attention mask), which gives its distribution ``p`` after every node. A tree
-is written as in ``logitlab.tree``, plus a root: node 0 is the token the target has just chosen
+(``decoding.tree_shape``'s attention mask), which gives its distribution ``p`` after every node. A tree
+is written as in ``logitlab.search.trees``, plus a root: node 0 is the token the target has just chosen
 (not a draft), ``parents[0] = -1``, and every other node's parent comes before it.
 
 Three ways to keep a path, one per acceptance rule of the book:
@@ -36,7 +36,7 @@ import torch
 from ._validate import check_generator, check_probs
 from .devices import exact_dtype
 from .sampling import inverse_transform
-from .tree import ancestors, depths
+from .decoding.tree_shape import ancestors, depths
 
 
 def children_lists(parents: list[int]) -> list[list[int]]:

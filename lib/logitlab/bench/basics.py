@@ -7,12 +7,12 @@ import tempfile
 import torch
 
 from .. import models
-from ..beam import beam_search
+from ..search.beam import beam_search
 from ..devices import generator as seeded_generator
 from ..generate import generate
 from ..sampling import SamplingConfig, gumbel_max, next_token, process_logits, sample
 from ..measure.timing import forward_seconds, interleaved_median_times, median_time
-from ..tree import sample_tree, score_paths, score_tree
+from ..search.trees import sample_tree, score_paths, score_tree
 from ..measure.table import Table
 
 def bench_load(table: Table) -> None:

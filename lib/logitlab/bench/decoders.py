@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from ..beam import beam_search
-from ..best_of_n import best_of_n
+from ..search.beam import beam_search
+from ..search.best_of_n import best_of_n
 from ..generate import generate
 from ..sampling import SamplingConfig, process_logits
 from .drafting import timed_runs

@@ -194,7 +194,7 @@ def beam_widget(model, tokenizer, prompt_ids, max_new_tokens: int = 24):
     length penalty: every hypothesis it returns, with its length, log-probability and score."""
     from IPython.display import display
 
-    from ..beam import beam_search
+    from ..search.beam import beam_search
 
     widgets, options = _controls()
 
@@ -217,7 +217,7 @@ def tree_widget(model, tokenizer, prompt_ids, seed: int = 0):
     """A token tree sampled after ``prompt_ids`` (a list of token ids) with a chosen branching at
     each of three levels, drawn level by level with each node's probability."""
     from ..devices import generator, model_device
-    from ..tree import sample_tree
+    from ..search.trees import sample_tree
 
     widgets, options = _controls()
 

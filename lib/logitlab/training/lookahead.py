@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from ..decoding import additive_mask, check_body_and_head
 from ..lookahead import LookaheadEmbeddings, check_lookahead, load_lookahead, save_lookahead, training_curve
-from ..tree import tree_attention_mask, tree_position_ids
+from ..decoding.tree_shape import tree_attention_mask, tree_position_ids
 from .data import load_or_make_data, prompt_ids, split_held_out, varied_prompts
 
 

@@ -30,7 +30,7 @@ def _beam_step_cases():
         "num_beams of each row first (a row has only V).")
 
 
-@asks_for("logitlab.beam.beam_search")
+@asks_for("logitlab.search.beam.beam_search")
 def check_beam_step(fn) -> None:
     """Check ``fn(logprobs, beam_scores, num_beams) -> (scores, parents, tokens)`` (chapter 4)."""
     cases = list(_beam_step_cases())
@@ -54,10 +54,10 @@ def check_beam_step(fn) -> None:
     print(f"check_beam_step: all {len(cases)} cases passed.")
 
 
-@asks_for("logitlab.beam.beam_search")
+@asks_for("logitlab.search.beam.beam_search")
 def check_backtrack(fn) -> None:
     """Check ``fn(parents, tokens, beam)`` against the beams that ``ll.beam_search`` records (chapter 4)."""
-    from ...beam import beam_search
+    from ...search.beam import beam_search
     from ...toy import toy_model
 
     cases = []

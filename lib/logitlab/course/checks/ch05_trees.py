@@ -36,15 +36,15 @@ def _tree_cases():
         yield f"a random tree of {n} nodes", parents, ancestors_only
 
 
-@asks_for("logitlab.tree.tree_attention_mask", "logitlab.tree.ancestors")
+@asks_for("logitlab.decoding.tree_shape.tree_attention_mask", "logitlab.decoding.tree_shape.ancestors")
 def check_tree_mask(fn) -> None:
-    """Check ``fn(parents)`` against :func:`logitlab.tree.tree_attention_mask` (chapter 5).
+    """Check ``fn(parents)`` against :func:`logitlab.decoding.tree_shape.tree_attention_mask` (chapter 5).
 
     ``parents`` is a list: ``parents[i]`` is node i's parent, -1 for a child of the root. The
     answer is an ``[n, n]`` tensor, True (or 1) at ``[i, j]`` when node j is node i or one of
     its ancestors.
     """
-    from ...tree import ancestors, tree_attention_mask
+    from ...decoding.tree_shape import ancestors, tree_attention_mask
 
     cases = list(_tree_cases())
     for number, (name, parents, hint) in enumerate(cases, start=1):
@@ -77,10 +77,10 @@ def check_tree_mask(fn) -> None:
     print(f"check_tree_mask: all {len(cases)} cases passed.")
 
 
-@asks_for("logitlab.tree.tree_position_ids")
+@asks_for("logitlab.decoding.tree_shape.tree_position_ids")
 def check_tree_positions(fn) -> None:
-    """Check ``fn(parents, offset)`` against :func:`logitlab.tree.tree_position_ids` (chapter 5)."""
-    from ...tree import tree_position_ids
+    """Check ``fn(parents, offset)`` against :func:`logitlab.decoding.tree_shape.tree_position_ids` (chapter 5)."""
+    from ...decoding.tree_shape import tree_position_ids
 
     cases = [(name, parents, offset) for (name, parents, _) in _tree_cases() for offset in (0, 7)]
     for number, (name, parents, offset) in enumerate(cases, start=1):

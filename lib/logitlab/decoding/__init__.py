@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import fast_cpu
-from .devices import model_device
-from .sampling import SamplingConfig, next_token, process_logits
+from .. import fast_cpu
+from ..devices import model_device
+from ..sampling import SamplingConfig, next_token, process_logits
 
 # --- Prompts and counts --------------------------------------------------------------------------
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ._validate import check_int
-from .generate import GenerationResult, generate
+from .._validate import check_int
+from ..generate import GenerationResult, generate
 
 SCORES = ("logprob", "mean_logprob")
 

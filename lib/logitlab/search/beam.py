@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._validate import check_logits, check_processors
-from .constrained.constraint import constraint_rows, mask_rows
-from .decoding import check_counts, check_model, eos_ids, forward, prompt_batch
-from .devices import model_device, now
+from .._validate import check_logits, check_processors
+from ..constrained.constraint import constraint_rows, mask_rows
+from ..decoding import check_counts, check_model, eos_ids, forward, prompt_batch
+from ..devices import model_device, now
 
 NEG = -1.0e9  # the score that marks an empty or forbidden slot, as in Hugging Face
 

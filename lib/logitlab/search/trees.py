@@ -14,7 +14,8 @@ is just the list ``parents`` (``-1``: a child of the root, the first token after
 A transformer scores such a tree in **one forward pass**: put all its tokens in one sequence
 after the prompt and let each node attend to the prompt, its ancestors and itself only
 (``tree_attention_mask``), at the position it would have in its own path
-(``tree_position_ids``). Each node then computes exactly what it would in a plain sequence made
+(``tree_position_ids``, both in ``decoding.tree_shape`` with the rest of the tree's shape, which the
+speculative loops share). Each node then computes exactly what it would in a plain sequence made
 of its path: ``score_tree`` does that, ``score_paths`` is the slow reference that runs every path
 on its own.
 
@@ -28,11 +29,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ._validate import check_generator, check_logits
-from .decoding import check_model, masked_forward, one_prompt
-from .devices import model_device
-from .probs import log_softmax
-from .sampling import SamplingConfig, add_gumbel_noise, process_logits, sample
+from .._validate import check_branching, check_generator, check_logits, check_parents
+from ..decoding import check_model, masked_forward, one_prompt
+from ..decoding.tree_shape import ancestors, depths, leaves, tree_attention_mask, tree_position_ids
+from ..devices import model_device
+from ..probs import log_softmax
+from ..sampling import SamplingConfig, add_gumbel_noise, process_logits, sample
 
 
 @dataclass
@@ -51,7 +53,7 @@ class TokenTree:
     raw_logprobs: torch.Tensor  # [n]
 
     def __post_init__(self):
-        self.parents = _check_parents(self.parents)
+        self.parents = check_parents(self.parents)
         n = len(self.parents)
         for name in ("tokens", "logprobs", "raw_logprobs"):
             value = getattr(self, name)
@@ -94,34 +96,6 @@ class TokenTree:
 # --- The tree as one sequence: mask and positions --------------------------------------------
 
 
-def tree_attention_mask(parents) -> torch.Tensor:
-    """``[n, n]`` booleans: entry ``[i, j]`` is True iff node ``j`` is node ``i`` or one of its ancestors.
-
-    Row i is what node i may attend to among the tree's nodes (it also sees the whole prompt).
-    A causal mask would let each node see every earlier node, its siblings and cousins too.
-
-    >>> tree_attention_mask([-1, 0, -1]).int()
-    tensor([[1, 0, 0],
-            [1, 1, 0],
-            [0, 0, 1]], dtype=torch.int32)
-    """
-    parents = _check_parents(parents)
-    mask = torch.eye(len(parents), dtype=torch.bool, device="cpu")  # small: built on the CPU, moved when used
-    for i, p in enumerate(parents):
-        if p >= 0:
-            # The parent's row is complete (it comes earlier): its ancestors are ours too.
-            mask[i] |= mask[p]
-    return mask
-
-
-def tree_position_ids(parents, offset: int = 0) -> torch.Tensor:
-    """``[n]``: the position of each node in its own path after a prompt of ``offset`` tokens,
-    ``offset + depth - 1``. Siblings share a position: they are alternatives for one place."""
-    parents = _check_parents(parents)
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise ValueError(f"offset must be an integer >= 0 (the prompt's length), got {offset!r}")
-    return offset + torch.tensor(depths(parents), dtype=torch.long, device="cpu") - 1
-
 
 # --- Scoring a tree ----------------------------------------------------------------------------
 
@@ -136,7 +110,7 @@ def score_tree(model, input_ids, parents, tokens) -> tuple[torch.Tensor, torch.T
     ids. Two forward passes in all: the prompt (prefill), then all n nodes at once with the tree
     mask.
     """
-    parents = _check_parents(parents)
+    parents = check_parents(parents)
     device = model_device(model)
     ids = one_prompt(input_ids, None, check_model(model))
     tokens = _check_tokens(tokens, len(parents), model, device)
@@ -152,7 +126,7 @@ def score_tree(model, input_ids, parents, tokens) -> tuple[torch.Tensor, torch.T
 def score_paths(model, input_ids, parents, tokens) -> tuple[torch.Tensor, torch.Tensor]:
     """The slow reference for ``score_tree``: each root-to-leaf path in its own forward pass
     (prompt + path, no cache, no special mask). Same return values."""
-    parents = _check_parents(parents)
+    parents = check_parents(parents)
     device = model_device(model)
     ids = one_prompt(input_ids, None, check_model(model))
     tokens = _check_tokens(tokens, len(parents), model, device)
@@ -242,7 +216,7 @@ def sample_tree(
     ``input_ids`` is one prompt, ``[1, seq]`` or a list of ids.
     """
     config = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p)
-    branching = _check_branching(branching)
+    branching = check_branching(branching)
     if not isinstance(with_replacement, bool):
         raise ValueError(f"with_replacement must be True or False, got {with_replacement!r}")
     device = model_device(model)
@@ -294,67 +268,9 @@ def _draw_children(logits, k: int, config: SamplingConfig, with_replacement: boo
     return children, log_softmax(processed).gather(-1, children), raw.gather(-1, children)
 
 
-def cartesian_tree(branching) -> list[int]:
-    """Parents of the tree with a root (the pending token) and ``branching[d]`` children under
-    every node of depth d + 1: the top tokens of head d + 1 under each path of the heads before."""
-    if (not isinstance(branching, (tuple, list))
-            or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in branching)):
-        raise ValueError(f"branching must be a tuple of integers >= 1, got {branching!r}")
-    parents, level = [-1], [0]  # () gives the root alone
-    for b in branching:
-        nxt = []
-        for node in level:
-            for _ in range(b):
-                parents.append(node)
-                nxt.append(len(parents) - 1)
-        level = nxt
-    return parents
-
 
 # --- Argument checks ---------------------------------------------------------------------------
 
-
-def _check_parents(parents) -> list[int]:
-    if isinstance(parents, torch.Tensor) and parents.dim() == 1 and not parents.is_floating_point():
-        parents = parents.tolist()
-    if not isinstance(parents, (list, tuple)) or not parents:
-        raise ValueError("parents must be a non-empty list of parent indices (-1: a child of the root)")
-    for i, p in enumerate(parents):
-        if isinstance(p, bool) or not isinstance(p, int) or not -1 <= p < i:
-            raise ValueError(f"parents[{i}] must be an integer in [-1, {i - 1}] (a parent comes before its "
-                             f"children; -1 is the root), got {p!r}")
-    return list(parents)
-
-
-def ancestors(parents: list[int], i: int) -> list[int]:
-    """The path from the root's first child down to node ``i``, ``i`` included (root first)."""
-    path = []
-    while i != -1:
-        path.append(i)
-        i = parents[i]
-    return path[::-1]
-
-
-def leaves(parents: list[int]) -> list[int]:
-    """The nodes without children, in list order."""
-    has_child = set(parents)
-    return [i for i in range(len(parents)) if i not in has_child]
-
-
-def depths(parents: list[int]) -> list[int]:
-    """Each node's depth: 1 for a child of the root, one more than its parent's otherwise."""
-    result = []
-    for p in parents:
-        result.append(1 if p == -1 else result[p] + 1)
-    return result
-
-
-def _check_branching(branching) -> tuple[int, ...]:
-    if not isinstance(branching, (tuple, list)) or not branching or not all(
-            isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in branching):
-        raise ValueError(f"branching must be a non-empty tuple of integers >= 1 (children per node, "
-                         f"level by level), got {branching!r}")
-    return tuple(branching)
 
 
 def _check_tokens(tokens, n: int, model, device) -> torch.Tensor:
