@@ -8,7 +8,7 @@ import torch
 import logitlab as ll
 from logitlab.course import checks
 from logitlab.constrained.index import build_index, fewest_tokens
-from logitlab.generate import find_stop
+from logitlab.decoding.generate import find_stop
 from logitlab.lookahead import single_call_layout
 from logitlab.constrained.regex import ByteNFA, determinize, utf8_ranges
 from logitlab.training.lookahead import training_layout

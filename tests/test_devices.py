@@ -196,7 +196,7 @@ def test_the_library_makes_no_tensor_without_a_device(name, call):
 def test_the_device_check_fails_code_that_makes_a_tensor_without_a_device(monkeypatch):
     # The loop's log-probabilities replaced by a function that forgets the device; the mode
     # watches this file too, where that function lives.
-    monkeypatch.setattr(sys.modules["logitlab.generate"], "token_logprobs",
+    monkeypatch.setattr(sys.modules["logitlab.decoding.generate"], "token_logprobs",
                         lambda logits, tokens: torch.zeros(len(tokens)))
     with FactoriesWithoutDevice(watched=(str(Path(ll.__file__).parent), __file__)) as mode:
         dict(ENTRY_POINTS)["generate"]()

@@ -13,12 +13,12 @@ import importlib
 from . import (constrained, cutoffs, decoding, devices, drafter, drafters, eagle, fast_cpu, lookahead, medusa,
                ngram_rules, penalties, processors, search, speculative, tree_verification, typical_acceptance)
 from .measure import conditioning, exactness, metrics, results, timing
-from .decoding import GenerationResult
+from .decoding.result import GenerationResult
 from .decoding.tree_shape import tree_attention_mask, tree_position_ids
 from .devices import generator
 from .models import chat_ids, device, load, next_token_logits, toy_bigram, toy_model
 from .probs import apply_temperature, entropy, kl, log_softmax, softmax, tv_distance
-from .generate import generate
+from .decoding.generate import generate
 from .sampling import SamplingConfig, greedy, gumbel_max, next_token, sample
 from .search.beam import BeamSearchResult, beam_search
 from .search.best_of_n import BestOfN, best_of_n

@@ -152,3 +152,43 @@ def check_branching(branching) -> tuple[int, ...]:
         raise ValueError(f"branching must be a non-empty tuple of integers >= 1 (children per node, "
                          f"level by level), got {branching!r}")
     return tuple(branching)
+
+
+def vocab_size(model) -> int | None:
+    """The model's vocabulary size, from its config (None if it has no config)."""
+    size = getattr(getattr(model, "config", None), "vocab_size", None)
+    return int(size) if size is not None else None
+
+
+def check_model(model, name: str = "model"):
+    """A causal language model: callable with input ids, with parameters (a model's name is not one)."""
+    if not isinstance(model, torch.nn.Module):
+        hint = " (load it first: model, tokenizer = ll.load(name))" if isinstance(model, str) else ""
+        raise ValueError(f"{name} must be a causal language model (a torch.nn.Module), got "
+                         f"{type(model).__name__}{hint}")
+    return model
+
+
+def check_body_and_head(model, name: str = "target"):
+    """A Hugging Face causal LM split as ``.model`` (its body) and ``.lm_head`` (its output layer),
+    which the loops that read hidden states need."""
+    check_model(model, name)
+    if not (hasattr(model, "model") and hasattr(model, "lm_head") and hasattr(model.model, "embed_tokens")):
+        raise ValueError(f"{name} must be a Hugging Face causal LM with .model (its body), .model.embed_tokens "
+                         "and .lm_head, such as the SmolLM2 model of ll.load(): this reads its hidden states")
+    return model
+
+
+def check_counts(max_new_tokens, min_new_tokens=0, num_return_sequences=1) -> tuple[int, int, int]:
+    """Validate the token counts of a loop; numpy integers are fine. Returns them as ints."""
+    def integer(value):
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+    if not integer(max_new_tokens) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if not integer(min_new_tokens) or not 0 <= min_new_tokens <= max_new_tokens:
+        raise ValueError(f"min_new_tokens must be an integer in [0, max_new_tokens={max_new_tokens}], "
+                         f"got {min_new_tokens!r}")
+    if not integer(num_return_sequences) or num_return_sequences < 1:
+        raise ValueError(f"num_return_sequences must be an integer >= 1, got {num_return_sequences!r}")
+    return int(max_new_tokens), int(min_new_tokens), int(num_return_sequences)

@@ -35,7 +35,9 @@ from pathlib import Path
 import torch
 
 from . import fast_cpu
-from .decoding import draw, forward, roll_back
+from .decoding.cache import roll_back
+from .decoding.passes import forward
+from .sampling import draw
 from .drafter import Drafter, DraftTree
 from .decoding.tree_shape import cartesian_tree, depths
 

@@ -36,7 +36,10 @@ from pathlib import Path
 import torch
 
 from . import fast_cpu
-from .decoding import check_body_and_head, crop_cache, draw, forward, tree_forward
+from ._validate import check_body_and_head
+from .decoding.cache import crop_cache
+from .decoding.passes import forward, tree_forward
+from .sampling import draw
 from .drafter import Drafter, DraftTree
 from .drafters import SubsetHead
 from .sampling import process_logits

@@ -38,8 +38,11 @@ from pathlib import Path
 import torch
 
 from ._validate import check_generator
-from .decoding import (check_body_and_head, check_counts, crop_cache, draw, eos_ids, forward, masked_forward,
-                       one_prompt, target_probs)
+from ._validate import check_body_and_head, check_counts
+from .decoding.cache import crop_cache
+from .decoding.passes import forward, masked_forward
+from .decoding.prompts import eos_ids, one_prompt
+from .sampling import draw, target_probs
 from .devices import model_device, now
 from .drafter import Drafter
 from .sampling import SamplingConfig

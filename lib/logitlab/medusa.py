@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from .decoding import check_body_and_head
+from ._validate import check_body_and_head
 from .drafters import MedusaDrafter, SubsetHead
 from .speculative import SpeculativeResult, speculative_generate
 

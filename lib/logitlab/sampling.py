@@ -2,7 +2,10 @@
 
 Chapter 1 ("Logits and temperature") explains ``sample``, ``gumbel_max`` and ``greedy``;
 chapters 2 and 3 add ``SamplingConfig`` and ``next_token``, which apply the penalties and
-truncation rules of ``logitlab.processors`` before sampling.
+truncation rules of ``logitlab.processors`` before sampling. The loops of chapters 3-9 take one
+token with ``choose`` (greedy at temperature 0, else a draw from the processed distribution) or
+``draw`` (the same, with the distribution it came from, which a drafter hands to verification);
+``target_probs`` is the distribution drafts are judged by.
 
 All functions take logits ``[..., vocab]`` and return token ids ``[...]`` (dtype ``long``).
 Every random function takes an optional ``torch.Generator``: the same seed on the same device
@@ -281,3 +284,30 @@ def next_token(
 def _optional(check, value, *args):
     """``check(value, *args)``, or None (the rule is off) for None."""
     return None if value is None else check(value, *args)
+
+
+# --- One token for a loop, and the distribution it came from (chapters 3-9) ----------------------
+
+def choose(logits: torch.Tensor, config: SamplingConfig, generator=None) -> torch.Tensor:
+    """One token per row under ``config`` (no penalties: they need the history, see ``next_token``)."""
+    return next_token(logits, config, generator=generator)[0]
+
+
+def draw(logits: torch.Tensor, config: SamplingConfig, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``choose``, and the distribution the token came from: one-hot at temperature 0, else the
+    processed distribution. Logits ``[..., V]`` give tokens ``[...]`` and probabilities ``[..., V]``."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    tokens, processed = next_token(flat, config, generator=generator)
+    if config.temperature == 0:
+        probs = torch.nn.functional.one_hot(tokens, flat.shape[-1]).to(flat.dtype)
+    else:
+        probs = torch.softmax(processed, dim=-1)
+    return tokens.view(logits.shape[:-1]), probs.view(logits.shape)
+
+
+def target_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor | None:
+    """The distribution the target samples from under ``config`` (penalties aside), which the
+    acceptance rules compare drafts with; None at temperature 0, where they compare argmaxes."""
+    if config.temperature == 0:
+        return None
+    return torch.softmax(process_logits(logits, config), dim=-1)

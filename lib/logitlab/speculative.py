@@ -36,9 +36,12 @@ from dataclasses import dataclass, field
 import torch
 
 from ._validate import check_generator, check_probs
-from .decoding import (GenerationResult, check_body_and_head, check_counts, check_model, choose, decode_texts, eos_ids,
-                       forward, keep_in_block, prompt_batch, roll_back, target_probs, token_logprobs, tree_forward,
-                       vocab_size)
+from ._validate import check_body_and_head, check_counts, check_model, vocab_size
+from .decoding.cache import keep_in_block, roll_back
+from .decoding.passes import forward, tree_forward
+from .decoding.prompts import eos_ids, prompt_batch
+from .decoding.result import GenerationResult, decode_texts, token_logprobs
+from .sampling import choose, target_probs
 from .devices import exact_dtype, model_device, now
 from .constrained.constraint import LookAhead, constraint_rows
 from .drafter import DraftTree, check_drafter

@@ -9,7 +9,7 @@ import torch
 from .. import models
 from ..search.beam import beam_search
 from ..devices import generator as seeded_generator
-from ..generate import generate
+from ..decoding.generate import generate
 from ..sampling import SamplingConfig, gumbel_max, next_token, process_logits, sample
 from ..measure.timing import forward_seconds, interleaved_median_times, median_time
 from ..search.trees import sample_tree, score_paths, score_tree

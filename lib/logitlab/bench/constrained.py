@@ -10,7 +10,7 @@ import torch
 
 from ..constrained.constraint import Constraint, mask_rows
 from ..constrained.vocabulary import vocabulary_bytes
-from ..generate import generate
+from ..decoding.generate import generate
 from ..constrained.json_schema import to_regex
 from ..measure.timing import median_time
 from .prompts import chat

@@ -11,7 +11,7 @@ import torch
 
 from ..search.beam import beam_search
 from ..search.best_of_n import best_of_n
-from ..generate import generate
+from ..decoding.generate import generate
 from ..sampling import SamplingConfig, process_logits
 from .drafting import timed_runs
 from .prompts import DRAFT_PROMPTS, chat

@@ -6,7 +6,7 @@ import torch
 
 from ..devices import generator as seeded_generator
 from ..drafters import DraftModelDrafter
-from ..generate import generate
+from ..decoding.generate import generate
 from ..speculative import pooled_alpha, speculative_generate
 from ..measure.timing import forward_seconds, interleaved_median_times
 from .costmodel import calibrate, predicted_speedups

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from .. import spec_bench
-from ..generate import generate
+from ..decoding.generate import generate
 from ..speculative import speculative_generate
 from .drafting import by_position, pass_calls, time_against_ar
 from .prompts import chat

@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 
 from ..constrained.constraint import Constraint
-from ..decoding import forward
+from ..decoding.passes import forward
 from ..devices import model_device
 
 

@@ -12,7 +12,7 @@ import statistics
 
 import torch
 
-from ..decoding import crop_cache
+from ..decoding.cache import crop_cache
 from ..devices import model_device, now
 
 

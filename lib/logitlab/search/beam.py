@@ -38,7 +38,9 @@ import torch
 
 from .._validate import check_logits, check_processors
 from ..constrained.constraint import constraint_rows, mask_rows
-from ..decoding import check_counts, check_model, eos_ids, forward, prompt_batch
+from .._validate import check_counts, check_model
+from ..decoding.passes import forward
+from ..decoding.prompts import eos_ids, prompt_batch
 from ..devices import model_device, now
 
 NEG = -1.0e9  # the score that marks an empty or forbidden slot, as in Hugging Face

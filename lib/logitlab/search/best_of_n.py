@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from .._validate import check_int
-from ..generate import GenerationResult, generate
+from ..decoding.generate import GenerationResult, generate
 
 SCORES = ("logprob", "mean_logprob")
 

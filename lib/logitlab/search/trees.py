@@ -30,7 +30,9 @@ from dataclasses import dataclass
 import torch
 
 from .._validate import check_branching, check_generator, check_logits, check_parents
-from ..decoding import check_model, masked_forward, one_prompt
+from .._validate import check_model
+from ..decoding.passes import masked_forward
+from ..decoding.prompts import one_prompt
 from ..decoding.tree_shape import ancestors, depths, leaves, tree_attention_mask, tree_position_ids
 from ..devices import model_device
 from ..probs import log_softmax

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..decoding import forward
+from ..decoding.passes import forward
 from ..devices import generator as seeded_generator
 from ..eagle import FeatureDrafter, save_drafter
 from .data import (cached, choose_vocabulary, load_or_make_data, machine, prompt_ids, split_held_out, steps_within,

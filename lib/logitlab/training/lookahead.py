@@ -41,7 +41,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ..decoding import additive_mask, check_body_and_head
+from .._validate import check_body_and_head
+from ..decoding.passes import additive_mask
 from ..lookahead import LookaheadEmbeddings, check_lookahead, load_lookahead, save_lookahead, training_curve
 from ..decoding.tree_shape import tree_attention_mask, tree_position_ids
 from .data import load_or_make_data, prompt_ids, split_held_out, varied_prompts

@@ -118,11 +118,11 @@ def _stop_cases():
     return cases
 
 
-@asks_for("logitlab.generate.find_stop")
+@asks_for("logitlab.decoding.generate.find_stop")
 def check_stop_position(fn) -> None:
-    """Check ``fn(pieces, stops)`` against :func:`logitlab.generate.find_stop` applied to
+    """Check ``fn(pieces, stops)`` against :func:`logitlab.decoding.generate.find_stop` applied to
     ``"".join(pieces)`` (chapter 3)."""
-    from ...generate import find_stop
+    from ...decoding.generate import find_stop
 
     cases = _stop_cases()
     for number, (name, pieces, stops, hint) in enumerate(cases, start=1):

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import torch
 
-from ._validate import check_generator, check_processors
-from .constrained.constraint import advance_rows, constraint_rows, mask_rows
-from .decoding import (GenerationResult, check_counts, check_model, decode_texts, eos_ids, forward, prompt_batch,
-                       token_logprobs)
-from .devices import model_device, now
-from .sampling import SamplingConfig, next_token
+from .._validate import check_counts, check_generator, check_model, check_processors
+from ..constrained.constraint import advance_rows, constraint_rows, mask_rows
+from ..devices import model_device, now
+from ..sampling import SamplingConfig, next_token
+from .passes import forward
+from .prompts import eos_ids, prompt_batch
+from .result import GenerationResult, decode_texts, token_logprobs
 
 
 @torch.inference_mode()
