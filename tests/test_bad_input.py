@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import logitlab as ll
-from logitlab import penalties, processors
+from logitlab.sampling import penalties, truncation as processors
 from logitlab._validate import check_int, check_number, check_temperature
 from logitlab.search.best_of_n import select_best
-from logitlab.sampling import SamplingConfig, next_token, process_logits
+from logitlab.sampling.pipeline import SamplingConfig, next_token, process_logits
 
 INF = float("inf")
 LOGITS = torch.tensor([[1.0, 3.0, 2.0, -INF]])

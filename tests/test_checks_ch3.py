@@ -7,7 +7,7 @@ import torch
 
 from logitlab.course.checks import CheckFailed, check_frequency_penalty, check_stop_position
 from logitlab.decoding.generate import find_stop as library_find_stop
-from logitlab.penalties import frequency_penalty as library_frequency_penalty
+from logitlab.sampling.penalties import frequency_penalty as library_frequency_penalty
 from test_checks_and_viz import student_copy
 
 # Answers written like the library's (a student's copy: the checks forbid calling the library's own).

@@ -33,9 +33,9 @@ def best_gamma_by_library(alpha, c, v):
 SHORT_CUTS = {
     "check_softmax": lambda logits, t: ll.softmax(logits, t),
     "check_gumbel_max": lambda logits, generator: ll.gumbel_max(logits, generator=generator),
-    "check_top_k": lambda logits, k: ll.processors.top_k(logits, k),
-    "check_top_p": lambda logits, p: ll.processors.top_p(logits, p),
-    "check_frequency_penalty": lambda logits, prev, penalty: ll.penalties.frequency_penalty(logits, prev, penalty),
+    "check_top_k": lambda logits, k: ll.sampling.truncation.top_k(logits, k),
+    "check_top_p": lambda logits, p: ll.sampling.truncation.top_p(logits, p),
+    "check_frequency_penalty": lambda logits, prev, penalty: ll.sampling.penalties.frequency_penalty(logits, prev, penalty),
     "check_stop_position": lambda pieces, stops: find_stop("".join(pieces), stops),
     "check_tree_mask": lambda parents: ll.tree_attention_mask(parents),
     "check_tree_positions": lambda parents, offset: ll.tree_position_ids(parents, offset),
@@ -65,9 +65,9 @@ def test_an_answer_that_calls_the_library_fails_and_says_why(check):
 def test_the_library_is_out_of_reach_through_other_functions_and_except_clauses():
     # top_k reached through process_logits, which applies it
     def through_process_logits(logits, k):
-        return ll.sampling.process_logits(logits, ll.SamplingConfig(top_k=k))
+        return ll.sampling.pipeline.process_logits(logits, ll.SamplingConfig(top_k=k))
 
-    with pytest.raises(checks.CheckFailed, match="called ll.processors.top_k"):
+    with pytest.raises(checks.CheckFailed, match="called ll.sampling.truncation.top_k"):
         checks.check_top_k(through_process_logits)
 
     def swallowing(logits, t):  # a broad except clause does not hide the call

@@ -354,7 +354,7 @@ def masked_sequence_probs(model, prompt, length, config, constraint, eos=4):
     """Every continuation of up to ``length`` tokens and its exact probability under the
     model masked by ``constraint`` (with the token budget), then processed by ``config``."""
     from logitlab.constrained.constraint import mask_rows
-    from logitlab.sampling import process_logits
+    from logitlab.sampling.pipeline import process_logits
     probs = {}
 
     def grow(seq, state, prob):
@@ -380,7 +380,7 @@ def test_speculative_decoding_reproduces_the_masked_target(settings):
     samples fail against the unmasked target (the test can tell the two apart)."""
     from scipy.stats import chisquare
     from logitlab.drafters import DraftModelDrafter
-    from logitlab.sampling import SamplingConfig
+    from logitlab.sampling.pipeline import SamplingConfig
     target = ll.toy_model(vocab_size=5, order=2, seed=0)
     drafter = DraftModelDrafter(ll.toy_model(vocab_size=5, order=3, seed=9))
     constraint = Constraint(TOY_PATTERN, vocab=TOY_VOCAB, eos_token_id=4)

@@ -25,7 +25,7 @@ from logitlab.drafter import Drafter, DraftTree
 from logitlab.drafters import MedusaDrafter
 from logitlab.eagle import EagleDrafter, FeatureDrafter
 from logitlab.medusa import medusa_generate
-from logitlab.sampling import SamplingConfig
+from logitlab.sampling.pipeline import SamplingConfig
 from logitlab.speculative import speculative_generate
 
 VOCAB = [b"a", b"b", b"ab", b"c", b"d", None]  # tiny_llama's six tokens; 5 is EOS

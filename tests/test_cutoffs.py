@@ -1,4 +1,4 @@
-"""Epsilon, eta, top-H and top-nσ (chapter 2): logitlab.cutoffs, with Hugging Face's warpers as
+"""Epsilon, eta, top-H and top-nσ (chapter 2): logitlab.sampling.cutoffs, with Hugging Face's warpers as
 the oracle where it has the rule, and exact small cases worked from the definitions."""
 
 import math
@@ -8,7 +8,7 @@ import torch
 from test_processors import HALF, RANDOM, hf, random_logits
 from transformers import EpsilonLogitsWarper, EtaLogitsWarper
 
-from logitlab.cutoffs import (EpsilonCut, EtaCut, TopH, TopNSigma, epsilon_cut, eta_cut, top_h, top_n_sigma)
+from logitlab.sampling.cutoffs import (EpsilonCut, EtaCut, TopH, TopNSigma, epsilon_cut, eta_cut, top_h, top_n_sigma)
 
 try:
     from transformers import TopHLogitsWarper
@@ -168,7 +168,7 @@ def test_sampling_config_applies_them_in_hugging_faces_order():
     from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
     import logitlab as ll
-    from logitlab.sampling import process_logits
+    from logitlab.sampling.pipeline import process_logits
 
     gen = torch.Generator().manual_seed(0)
     logits = 3 * torch.randn(6, 500, generator=gen)
@@ -187,8 +187,8 @@ def test_sampling_config_applies_them_in_hugging_faces_order():
 
 def test_top_n_sigma_runs_on_the_whole_vocabulary_before_top_k():
     import logitlab as ll
-    from logitlab.processors import top_k
-    from logitlab.sampling import process_logits
+    from logitlab.sampling.truncation import top_k
+    from logitlab.sampling.pipeline import process_logits
 
     logits = random_logits(11, 4, 300, 2.0)
     config = ll.SamplingConfig(temperature=0.8, top_n_sigma=1.0, top_k=5)
@@ -199,7 +199,7 @@ def test_top_n_sigma_runs_on_the_whole_vocabulary_before_top_k():
 def test_generate_takes_them_and_samples_only_kept_tokens():
     # A tiny bigram model: every sampled token must be one the rules keep at its step.
     import logitlab as ll
-    from logitlab.sampling import process_logits
+    from logitlab.sampling.pipeline import process_logits
 
     model = ll.toy_bigram(vocab_size=12, seed=3)
     kwargs = dict(top_h=0.6, top_n_sigma=1.5, epsilon_cutoff=0.01, eta_cutoff=0.02)

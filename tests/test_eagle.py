@@ -13,7 +13,7 @@ from test_speculative import P_MIN, exact_llama_probs, tiny_llama
 
 import logitlab as ll
 from logitlab.eagle import EagleDrafter, FeatureDrafter, load_drafter, save_drafter
-from logitlab.sampling import SamplingConfig
+from logitlab.sampling.pipeline import SamplingConfig
 from logitlab.speculative import speculative_generate
 from logitlab.training.eagle import accuracy, cropped, row_features, train
 
@@ -158,7 +158,7 @@ def test_tree_nodes_are_ranked_on_the_scored_tokens_as_on_the_whole_vocabulary(s
     config = SamplingConfig(**settings)
     full = drafter.logits(h)
     if config.temperature > 0:
-        full = ll.sampling.process_logits(full.reshape(-1, 16), config).view(full.shape)
+        full = ll.sampling.pipeline.process_logits(full.reshape(-1, 16), config).view(full.shape)
     expected = torch.log_softmax(full, dim=-1)
     got = EagleDrafter(drafter).confidence(h, config)
     assert got.shape == (3, 4, len(vocab))

@@ -17,7 +17,7 @@ from transformers import (
 )
 
 import logitlab as ll
-from logitlab.sampling import process_logits
+from logitlab.sampling.pipeline import process_logits
 
 
 @pytest.fixture(scope="module")

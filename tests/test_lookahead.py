@@ -10,7 +10,7 @@ import logitlab as ll
 import logitlab.lookahead as lookahead_module
 from logitlab.lookahead import (LookaheadEmbeddings, load_lookahead, load_pretrained, pass_generate, save_lookahead,
                                 single_call_layout)
-from logitlab.sampling import SamplingConfig
+from logitlab.sampling.pipeline import SamplingConfig
 from logitlab.speculative import speculative_generate
 from logitlab.training.data import generate_with_logits
 from logitlab.training.lookahead import lookahead_losses, rows_from_tokens, train_lookahead, training_layout

@@ -13,7 +13,7 @@ import logitlab as ll
 from logitlab.drafters import MedusaDrafter
 from logitlab.medusa import MedusaHeads, load_heads, medusa_generate, save_heads
 from logitlab.decoding.tree_shape import cartesian_tree
-from logitlab.sampling import SamplingConfig
+from logitlab.sampling.pipeline import SamplingConfig
 from logitlab.speculative import speculative_generate
 
 

@@ -7,7 +7,7 @@ import torch
 from transformers import NoBadWordsLogitsProcessor, NoRepeatNGramLogitsProcessor, SequenceBiasLogitsProcessor
 
 import logitlab as ll
-from logitlab.ngram_rules import (DRY, BanWords, NoRepeatNGram, SequenceBias, ban_words, dry_penalty, no_repeat_ngram,
+from logitlab.sampling.ngram_rules import (DRY, BanWords, NoRepeatNGram, SequenceBias, ban_words, dry_penalty, no_repeat_ngram,
                                   repeat_lengths, sequence_bias)
 
 NEG = float("-inf")

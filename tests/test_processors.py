@@ -1,4 +1,4 @@
-"""Truncation and repetition rules (chapters 2 and 3): logitlab.processors and logitlab.penalties,
+"""Truncation and repetition rules (chapters 2 and 3): logitlab.sampling.truncation and logitlab.sampling.penalties,
 with Hugging Face's processors as the oracle."""
 
 import collections
@@ -17,8 +17,8 @@ from transformers import (
     TypicalLogitsWarper,
 )
 
-import logitlab.processors as processors
-from logitlab.penalties import (
+import logitlab.sampling.truncation as processors
+from logitlab.sampling.penalties import (
     FrequencyPenalty,
     PresencePenalty,
     RepetitionPenalty,
@@ -26,7 +26,7 @@ from logitlab.penalties import (
     presence_penalty,
     repetition_penalty,
 )
-from logitlab.processors import MinP, TopK, TopP, Typical, min_p, top_k, top_p, typical
+from logitlab.sampling.truncation import MinP, TopK, TopP, Typical, min_p, top_k, top_p, typical
 
 INF = float("inf")
 HALF = [torch.float16, torch.bfloat16]

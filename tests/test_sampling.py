@@ -90,7 +90,7 @@ def test_bad_generator_raises():
 
 
 def test_inverse_transform_hand_cases():
-    from logitlab.sampling import inverse_transform
+    from logitlab.sampling.draw import inverse_transform
 
     # probabilities (0, 1/3, 0, 2/3, 0): cumulative 0, 1, 1, 3, 3
     cumulative = torch.tensor([[0.0, 1.0, 1.0, 3.0, 3.0]], dtype=torch.float64)

@@ -15,7 +15,7 @@ from scipy.stats import binomtest, chisquare
 
 import logitlab as ll
 from logitlab.drafters import DraftModelDrafter, PromptLookupDrafter
-from logitlab.sampling import SamplingConfig, process_logits
+from logitlab.sampling.pipeline import SamplingConfig, process_logits
 from logitlab.speculative import (
     GreedyMatching,
     acceptance_rate,

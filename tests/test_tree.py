@@ -10,7 +10,7 @@ from scipy.stats import binomtest, chisquare
 
 import logitlab as ll
 from logitlab.course.checks import CheckFailed, check_tree_mask
-from logitlab.sampling import SamplingConfig, process_logits
+from logitlab.sampling.pipeline import SamplingConfig, process_logits
 from logitlab.search.trees import (
     TokenTree,
     gumbel_top_k,

@@ -123,7 +123,7 @@ def test_match_probability_is_the_collision_probability():
 
 
 def test_a_tree_judges_each_node_by_its_own_parents_bar():
-    from logitlab.sampling import SamplingConfig
+    from logitlab.sampling.pipeline import SamplingConfig
     from logitlab.tree_verification import deepest_path
 
     # Oracle: each child's bar computed from its own parent's row, one node at a time.

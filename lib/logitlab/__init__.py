@@ -10,8 +10,8 @@ Each module follows a chapter of the book and says which one.
 
 import importlib
 
-from . import (constrained, cutoffs, decoding, devices, drafter, drafters, eagle, fast_cpu, lookahead, medusa,
-               ngram_rules, penalties, processors, search, speculative, tree_verification, typical_acceptance)
+from . import (constrained, decoding, devices, drafter, drafters, eagle, fast_cpu, lookahead, medusa, sampling, search,
+               speculative, tree_verification, typical_acceptance)
 from .measure import conditioning, exactness, metrics, results, timing
 from .decoding.result import GenerationResult
 from .decoding.tree_shape import tree_attention_mask, tree_position_ids
@@ -19,7 +19,8 @@ from .devices import generator
 from .models import chat_ids, device, load, next_token_logits, toy_bigram, toy_model
 from .probs import apply_temperature, entropy, kl, log_softmax, softmax, tv_distance
 from .decoding.generate import generate
-from .sampling import SamplingConfig, greedy, gumbel_max, next_token, sample
+from .sampling.draw import greedy, gumbel_max, sample
+from .sampling.pipeline import SamplingConfig, next_token
 from .search.beam import BeamSearchResult, beam_search
 from .search.best_of_n import BestOfN, best_of_n
 from .search.trees import TokenTree, gumbel_top_k, sample_tree, score_paths, score_tree
@@ -50,7 +51,6 @@ def __dir__():
 __all__ = [
     "conditioning",
     "constrained",
-    "cutoffs",
     "Constraint",
     "results",
     "timing",
@@ -61,9 +61,6 @@ __all__ = [
     "fast_cpu",
     "generator",
     "metrics",
-    "ngram_rules",
-    "penalties",
-    "processors",
     "drafters",
     "eagle",
     "lookahead",
@@ -74,6 +71,7 @@ __all__ = [
     "typical_acceptance",
     "TypicalAcceptance",
     "typical_accept",
+    "sampling",
     "search",
     "tree_verification",
     "apply_temperature",

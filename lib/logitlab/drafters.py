@@ -37,7 +37,7 @@ import torch
 from . import fast_cpu
 from .decoding.cache import roll_back
 from .decoding.passes import forward
-from .sampling import draw
+from .sampling.pipeline import draw
 from .drafter import Drafter, DraftTree
 from .decoding.tree_shape import cartesian_tree, depths
 

@@ -39,10 +39,10 @@ from . import fast_cpu
 from ._validate import check_body_and_head
 from .decoding.cache import crop_cache
 from .decoding.passes import forward, tree_forward
-from .sampling import draw
+from .sampling.pipeline import draw
 from .drafter import Drafter, DraftTree
 from .drafters import SubsetHead
-from .sampling import process_logits
+from .sampling.pipeline import process_logits
 from .decoding.tree_shape import cartesian_tree
 
 # Written by ``python -m logitlab.training.eagle``: the layer, fc and norm in float16 and the ids

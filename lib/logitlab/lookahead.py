@@ -42,10 +42,10 @@ from ._validate import check_body_and_head, check_counts
 from .decoding.cache import crop_cache
 from .decoding.passes import forward, masked_forward
 from .decoding.prompts import eos_ids, one_prompt
-from .sampling import draw, target_probs
+from .sampling.pipeline import draw, target_probs
 from .devices import model_device, now
 from .drafter import Drafter
-from .sampling import SamplingConfig
+from .sampling.pipeline import SamplingConfig
 from .speculative import Outputs, RejectionSampling, SpeculativeResult, call_counts
 from .decoding.tree_shape import tree_attention_mask, tree_position_ids
 

@@ -41,11 +41,12 @@ from .decoding.cache import keep_in_block, roll_back
 from .decoding.passes import forward, tree_forward
 from .decoding.prompts import eos_ids, prompt_batch
 from .decoding.result import GenerationResult, decode_texts, token_logprobs
-from .sampling import choose, target_probs
+from .sampling.pipeline import choose, target_probs
 from .devices import exact_dtype, model_device, now
 from .constrained.constraint import LookAhead, constraint_rows
 from .drafter import DraftTree, check_drafter
-from .sampling import SamplingConfig, inverse_transform
+from .sampling.draw import inverse_transform
+from .sampling.pipeline import SamplingConfig
 from .decoding.tree_shape import depths, tree_attention_mask
 from .tree_verification import greedy_tree, verify_tree
 

@@ -35,7 +35,7 @@ import torch
 
 from ._validate import check_generator, check_probs
 from .devices import exact_dtype
-from .sampling import inverse_transform
+from .sampling.draw import inverse_transform
 from .decoding.tree_shape import ancestors, depths
 
 

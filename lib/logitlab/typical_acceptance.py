@@ -30,7 +30,8 @@ import torch
 from ._validate import check_generator, check_probs
 from .devices import exact_dtype
 from .probs import softmax
-from .sampling import inverse_transform, process_logits
+from .sampling.draw import inverse_transform
+from .sampling.pipeline import process_logits
 from .speculative import AcceptanceRule, greedy_verify
 from .tree_verification import check_tree, deepest_path, greedy_tree
 

@@ -10,7 +10,8 @@ from .. import models
 from ..search.beam import beam_search
 from ..devices import generator as seeded_generator
 from ..decoding.generate import generate
-from ..sampling import SamplingConfig, gumbel_max, next_token, process_logits, sample
+from ..sampling.draw import gumbel_max, sample
+from ..sampling.pipeline import SamplingConfig, next_token, process_logits
 from ..measure.timing import forward_seconds, interleaved_median_times, median_time
 from ..search.trees import sample_tree, score_paths, score_tree
 from ..measure.table import Table

@@ -12,7 +12,7 @@ import torch
 from ..search.beam import beam_search
 from ..search.best_of_n import best_of_n
 from ..decoding.generate import generate
-from ..sampling import SamplingConfig, process_logits
+from ..sampling.pipeline import SamplingConfig, process_logits
 from .drafting import timed_runs
 from .prompts import DRAFT_PROMPTS, chat
 from ..measure.table import Table

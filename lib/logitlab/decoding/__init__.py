@@ -3,7 +3,7 @@
 Chapter 3 ("Repetition, stopping and the decoding loop") introduces the loop; the later loops
 (beam search, token trees, speculative sampling, Medusa, PaSS) are built from the same pieces,
 next to ``logitlab.devices`` (the model's device, a seeded generator on it, its exact dtype and
-a clock that waits for the device) and ``logitlab.sampling`` (one token from logits: ``choose``
+a clock that waits for the device) and ``logitlab.sampling.draw`` (one token from logits: ``choose``
 and ``draw``):
 
 * ``prompts``: ``prompt_batch`` turns text, lists of ids or a padded tensor into one left-padded

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from ..probs import log_softmax, softmax
-from ..sampling import inverse_transform
+from ..sampling.draw import inverse_transform
 
 
 def token_label(tokenizer, token_id: int) -> str:

@@ -120,7 +120,7 @@ def truncation_widget(logits: torch.Tensor, tokenizer, k: int = 30):
     """Pick a truncation rule and its setting, and the temperature: which of the ``k`` most
     likely tokens of ``logits [vocab]`` it keeps, and how much probability they hold. The
     setting slider takes the chosen rule's own units and range (``TRUNCATION_SETTINGS``)."""
-    from .. import cutoffs, processors
+    from ..sampling import cutoffs, truncation as processors
 
     check_row(logits)
     widgets, options = _controls()
@@ -161,7 +161,7 @@ def penalty_widget(logits: torch.Tensor, context: torch.Tensor, output: torch.Te
     """The three penalties of chapter 3 on one step: the ``k`` most likely tokens of ``logits
     [vocab]`` before and after them. ``context`` holds every earlier token (the repetition
     penalty's count), ``output`` the generated ones (presence and frequency)."""
-    from ..penalties import apply_penalties
+    from ..sampling.penalties import apply_penalties
 
     check_row(logits)
     widgets, options = _controls()

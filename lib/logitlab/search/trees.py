@@ -36,7 +36,8 @@ from ..decoding.prompts import one_prompt
 from ..decoding.tree_shape import ancestors, depths, leaves, tree_attention_mask, tree_position_ids
 from ..devices import model_device
 from ..probs import log_softmax
-from ..sampling import SamplingConfig, add_gumbel_noise, process_logits, sample
+from ..sampling.draw import add_gumbel_noise, sample
+from ..sampling.pipeline import SamplingConfig, process_logits
 
 
 @dataclass

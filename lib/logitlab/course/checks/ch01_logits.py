@@ -67,7 +67,7 @@ def check_softmax(fn) -> None:
     print(f"check_softmax: all {len(cases)} cases passed.")
 
 
-@asks_for("logitlab.sampling.gumbel_max", "logitlab.sampling.add_gumbel_noise", "logitlab.sampling.sample")
+@asks_for("logitlab.sampling.draw.gumbel_max", "logitlab.sampling.draw.add_gumbel_noise", "logitlab.sampling.draw.sample")
 def check_gumbel_max(fn, samples: int = 40_000) -> None:
     """Check ``fn(logits, generator)`` samples like ``softmax(logits)`` (chapter 1).
 

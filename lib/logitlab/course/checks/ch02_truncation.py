@@ -42,10 +42,10 @@ def _kept(mask: torch.Tensor) -> str:
     return str(ids[0] if mask.dim() == 1 else ids)
 
 
-@asks_for("logitlab.processors.top_k")
+@asks_for("logitlab.sampling.truncation.top_k")
 def check_top_k(fn) -> None:
-    """Check ``fn(logits, k)`` against :func:`logitlab.processors.top_k` (chapter 2)."""
-    from ...processors import top_k
+    """Check ``fn(logits, k)`` against :func:`logitlab.sampling.truncation.top_k` (chapter 2)."""
+    from ...sampling.truncation import top_k
 
     gen = torch.Generator(device="cpu").manual_seed(0)
     inf = float("-inf")
@@ -68,12 +68,12 @@ def check_top_k(fn) -> None:
     _check_truncation(fn, top_k, cases, "top-k", new_tensor=True)
 
 
-@asks_for("logitlab.processors.top_p")
+@asks_for("logitlab.sampling.truncation.top_p")
 def check_top_p(fn) -> None:
-    """Check ``fn(logits, p)`` against :func:`logitlab.processors.top_p` (chapter 2)."""
+    """Check ``fn(logits, p)`` against :func:`logitlab.sampling.truncation.top_p` (chapter 2)."""
     import math
 
-    from ...processors import top_p
+    from ...sampling.truncation import top_p
 
     gen = torch.Generator(device="cpu").manual_seed(0)
     log = math.log

@@ -44,11 +44,11 @@ def _frequency_cases():
     return cases
 
 
-@asks_for("logitlab.penalties.frequency_penalty")
+@asks_for("logitlab.sampling.penalties.frequency_penalty")
 def check_frequency_penalty(fn) -> None:
     """Check ``fn(logits, prev_tokens, penalty)`` against
-    :func:`logitlab.penalties.frequency_penalty` (chapter 3): the same logits, in a new tensor."""
-    from ...penalties import frequency_penalty
+    :func:`logitlab.sampling.penalties.frequency_penalty` (chapter 3): the same logits, in a new tensor."""
+    from ...sampling.penalties import frequency_penalty
 
     cases = _frequency_cases()
     for number, (name, logits, prev_tokens, penalty, hint) in enumerate(cases, start=1):

@@ -1,6 +1,6 @@
 """Six more truncation rules: epsilon, eta, top-H, top-nσ, XTC and Mirostat (chapter 2).
 
-``logitlab.processors`` has the four rules in common use (top-k, top-p, min-p, typical). The
+``logitlab.sampling.truncation`` has the four rules in common use (top-k, top-p, min-p, typical). The
 rules here are the ones users of local models reach for next. Each sets a cut-off from the
 distribution itself:
 
@@ -19,7 +19,7 @@ distribution itself:
   the observed surprise stays near a target ``tau``.
 
 The first four (and XTC, given its coin) are pure functions of the logits. As in
-``logitlab.processors``, each is a pure function on logits ``[..., vocab]`` that returns
+``logitlab.sampling.truncation``, each is a pure function on logits ``[..., vocab]`` that returns
 new logits with ``-inf`` for removed tokens, and a class that is a Hugging Face
 ``LogitsProcessor``. Where Hugging Face has the rule (epsilon, eta, top-H), the same tokens are
 kept, computed in the same arithmetic; the tests use its warpers as the oracle.
@@ -31,8 +31,8 @@ import math
 
 import torch
 
-from ._validate import check_int, check_logits, check_number
-from .processors import Processor
+from .._validate import check_int, check_logits, check_number
+from .hf_processor import Processor
 
 _NEG_INF = float("-inf")
 # Top-H looks at this many most likely tokens only, as Hugging Face does.

@@ -1,7 +1,7 @@
 """Repetition penalties: make the tokens that already occurred less (or more) likely.
 
 Chapter 3 ("Repetition") explains every function here. Like the truncation rules of
-``logitlab.processors``, each penalty is a pure function on logits ``[..., vocab]`` that returns
+``logitlab.sampling.truncation``, each penalty is a pure function on logits ``[..., vocab]`` that returns
 new logits and never modifies its input, and also a class that works as a Hugging Face
 ``LogitsProcessor``.
 
@@ -20,7 +20,7 @@ The functions take the tokens to count as ``prev_tokens``, a LongTensor ``[batch
 (``seq`` may be 0) with the batch of the logits. Entries that are negative (the library pads
 with -1) or equal to ``pad_token_id`` are padding and are not counted; ids >= vocab are not
 counted either (this output layer cannot produce them; Hugging Face ignores them too).
-``apply_penalties`` applies all three in the order of ``logitlab.sampling.SamplingConfig``.
+``apply_penalties`` applies all three in the order of ``logitlab.sampling.pipeline.SamplingConfig``.
 
 A penalty must leave every finite logit finite. One so extreme that a penalised logit would
 overflow the logits' dtype (a repetition penalty of 1e-39, or a presence penalty of 1e5 on
@@ -34,9 +34,9 @@ import math
 
 import torch
 
-from ._validate import check_int, check_logits, check_number, check_token_ids
-from .devices import exact_dtype
-from .processors import Processor
+from .._validate import check_int, check_logits, check_number, check_token_ids
+from ..devices import exact_dtype
+from .hf_processor import Processor
 
 
 def repetition_penalty(

@@ -1,7 +1,7 @@
 """Rules that read the sequence so far as n-grams (chapter 3): no repeated n-grams, banned
 words, sequence bias, and DRY.
 
-The penalties of ``logitlab.penalties`` look at single tokens: has this token occurred? These
+The penalties of ``logitlab.sampling.penalties`` look at single tokens: has this token occurred? These
 rules look at runs of tokens:
 
 * **no repeated n-grams** (Hugging Face's ``no_repeat_ngram_size``) removes every token that
@@ -31,8 +31,8 @@ import math
 
 import torch
 
-from ._validate import check_int, check_logits, check_number
-from .processors import Processor
+from .._validate import check_int, check_logits, check_number
+from .hf_processor import Processor
 
 _NEG_INF = float("-inf")
 

@@ -1,7 +1,7 @@
 """Truncation: which tokens may come next (top-k, top-p, min-p, locally typical sampling).
 
 Chapter 2 ("Truncation") explains every function here. The repetition penalties of chapter 3
-live in ``logitlab.penalties``.
+live in ``logitlab.sampling.penalties``.
 
 Every rule is a pure function on logits ``[..., vocab]`` (usually ``[batch, vocab]``) that
 returns *new* logits: a removed token gets ``-inf`` (probability 0 after softmax), a kept token
@@ -17,10 +17,10 @@ breaks ties and how it avoids HF's sort of the whole vocabulary without changing
 from __future__ import annotations
 
 import torch
-from transformers import LogitsProcessor
 
-from ._validate import check_int, check_logits, check_number
-from .devices import exact_dtype
+from .._validate import check_int, check_logits, check_number
+from ..devices import exact_dtype
+from .hf_processor import Processor
 
 _NEG_INF = float("-inf")
 # top_p decides a row among this many most likely tokens, else among more, else sorts it all;
@@ -240,18 +240,6 @@ def typical(logits: torch.Tensor, mass: float, min_tokens_to_keep: int = 1) -> t
     remove = remove.scatter(-1, order, remove)
     return rows.masked_fill(remove, _NEG_INF).reshape(logits.shape)
 
-
-class Processor(LogitsProcessor):
-    """A rule as a Hugging Face ``LogitsProcessor``: called as ``(input_ids, scores)``, with a
-    readable ``repr``. The base of every processor class here and in ``logitlab.penalties``.
-
-    Each subclass's ``__call__`` checks ``scores`` before passing it on, so that a bad tensor
-    is reported under the name Hugging Face gives it rather than the function's ``logits``.
-    """
-
-    def __repr__(self) -> str:
-        args = ", ".join(f"{name}={value!r}" for name, value in vars(self).items())
-        return f"{type(self).__name__}({args})"
 
 
 class TopK(Processor):

@@ -1,15 +1,11 @@
-"""Choosing one token from logits: multinomial sampling, Gumbel-max and greedy.
+"""The full rule for the next token: the settings, and the pipeline that applies them (chapters 2-9).
 
-Chapter 1 ("Logits and temperature") explains ``sample``, ``gumbel_max`` and ``greedy``;
-chapters 2 and 3 add ``SamplingConfig`` and ``next_token``, which apply the penalties and
-truncation rules of ``logitlab.processors`` before sampling. The loops of chapters 3-9 take one
-token with ``choose`` (greedy at temperature 0, else a draw from the processed distribution) or
-``draw`` (the same, with the distribution it came from, which a drafter hands to verification);
-``target_probs`` is the distribution drafts are judged by.
-
-All functions take logits ``[..., vocab]`` and return token ids ``[...]`` (dtype ``long``).
-Every random function takes an optional ``torch.Generator``: the same seed on the same device
-gives the same tokens, which is what makes an experiment reproducible.
+``SamplingConfig`` holds every setting of a decoding run (temperature, the truncation rules of
+``truncation`` and ``cutoffs``, the penalties of ``penalties``) and checks them once.
+``process_logits`` applies them in one fixed order, and ``next_token`` draws from the result. The
+loops of chapters 3-9 take one token with ``choose`` (greedy at temperature 0, else a draw from the
+processed distribution) or ``draw`` (the same, with the distribution it came from, which a drafter
+hands to verification); ``target_probs`` is the distribution drafts are judged by.
 """
 
 from __future__ import annotations
@@ -19,105 +15,10 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from ._validate import check_generator, check_int, check_logits, check_number, check_temperature
-from .devices import exact_dtype
-from . import cutoffs, penalties
-from . import processors as rules
-from .probs import apply_temperature
-
-
-def greedy(logits: torch.Tensor) -> torch.Tensor:
-    """The most likely token of each row (ties go to the lowest token id).
-
-    >>> greedy(torch.tensor([[0.1, 2.0, -1.0], [5.0, 0.0, 5.0]]))
-    tensor([1, 0])
-    """
-    check_logits(logits)
-    return logits.argmax(dim=-1)
-
-
-def _scaled(logits, temperature, generator) -> torch.Tensor | None:
-    """``logits / temperature`` after checking the three arguments, or None at temperature 0.
-
-    Half-precision logits are divided in float32, for accuracy; float64 logits stay float64
-    (in float32, 1e39 would become +inf)."""
-    check_logits(logits)
-    temperature = check_temperature(temperature)
-    check_generator(generator, logits.device)
-    if temperature == 0.0:
-        return None
-    return apply_temperature(logits.to(torch.promote_types(logits.dtype, torch.float32)), temperature)
-
-
-def sample(
-    logits: torch.Tensor, temperature: float = 1.0, generator: torch.Generator | None = None
-) -> torch.Tensor:
-    """Draw one token per row from ``softmax(logits / temperature)`` (multinomial sampling).
-
-    This is inverse transform sampling: token ``i`` owns an interval of length ``p_i`` in
-    ``[0, 1)``, one uniform number picks a point, and a binary search finds whose interval it
-    is. ``temperature=0`` is greedy decoding and draws no random number.
-    """
-    scaled = _scaled(logits, temperature, generator)
-    if scaled is None:
-        return greedy(logits)
-    # Unnormalised probabilities: the cumulative sum's last entry is the total, so dividing
-    # every weight by it (the softmax's denominator) is not needed.
-    weights = torch.exp(scaled - scaled.amax(dim=-1, keepdim=True))
-    # The cumulative sum runs in float64, where adding 49,152 terms keeps even the rarest
-    # tokens' intervals (float32 would blur those below about 1e-7). MPS has no float64.
-    dtype = exact_dtype(weights.device)
-    cumulative = weights.to(dtype).cumsum(dim=-1)
-    u = torch.rand(weights.shape[:-1] + (1,), generator=generator, device=weights.device, dtype=dtype)
-    return inverse_transform(cumulative, u * cumulative[..., -1:])
-
-
-def inverse_transform(cumulative: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """The token whose interval ``[cumulative[i-1], cumulative[i])`` contains ``u`` ``[..., 1]``.
-
-    A token of probability 0 has an empty interval, so it is never returned.
-    """
-    tokens = torch.searchsorted(cumulative, u, right=True).squeeze(-1)
-    past_end = tokens == cumulative.shape[-1]
-    if past_end.any():
-        # u equal to the total, which only rounding can produce: take the last token whose
-        # interval is not empty.
-        rows = cumulative[past_end]
-        tokens[past_end] = (rows < rows[..., -1:]).sum(dim=-1)
-    return tokens
-
-
-def gumbel_max(
-    logits: torch.Tensor, temperature: float = 1.0, generator: torch.Generator | None = None
-) -> torch.Tensor:
-    """Draw one token per row by the Gumbel-max trick: ``argmax(logits / T + G)``.
-
-    ``G`` holds independent standard Gumbel noise, ``G = -log(-log U)`` with ``U`` uniform on
-    (0, 1). The argmax of the perturbed logits is distributed exactly as
-    ``softmax(logits / T)``: a sample with no normalisation and no cumulative sum, which is why
-    the trick reappears later in the book (sampling without replacement, Gumbel-top-k).
-    """
-    scaled = _scaled(logits, temperature, generator)
-    if scaled is None:
-        return greedy(logits)
-    return add_gumbel_noise(scaled, generator).argmax(dim=-1)
-
-
-def add_gumbel_noise(logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """``logits`` (at least float32) plus independent standard Gumbel noise ``-log(-log U)``,
-    measured from each row's maximum. The argmax of the result is a sample from
-    ``softmax(logits)``; its top k, a sample of k tokens without replacement (``gumbel_top_k``)."""
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=torch.float32)
-    # rand draws from [0, 1): keep u away from 0 so that -log(u) stays finite.
-    u = u.clamp_min(torch.finfo(torch.float32).tiny)
-    # The noise is of order 1: added to a large logit it would be lost to rounding (1e8 + 1 is
-    # 1e8 in float32) and ties would always go to the lowest id. Measured from the row's
-    # maximum, the logits that matter are small.
-    return logits - logits.amax(dim=-1, keepdim=True) - torch.log(-torch.log(u))
-
-
-# --- Sampling settings and the full next-token rule (chapters 2 and 3) -----------------------
+from .._validate import check_int, check_number, check_temperature
+from ..probs import apply_temperature
+from . import cutoffs, penalties, truncation
+from .draw import greedy, sample
 
 
 @dataclass(frozen=True)
@@ -132,7 +33,7 @@ class SamplingConfig:
 
     1. ``repetition_penalty`` (counts prompt and output tokens, like Hugging Face and CTRL);
     2. ``presence_penalty`` then ``frequency_penalty`` (count output tokens only, like OpenAI)
-       (steps 1 and 2 are ``logitlab.penalties.apply_penalties``);
+       (steps 1 and 2 are ``logitlab.sampling.penalties.apply_penalties``);
     3. ``temperature`` (divides the logits);
     4. truncation: ``top_n_sigma`` (as llama.cpp, on the whole vocabulary; it does not depend on
        the temperature), ``top_h``, ``top_k``, ``top_p``, ``min_p``, ``typical_p``,
@@ -229,21 +130,21 @@ def _penalise_and_truncate(logits, config: SamplingConfig, context, output):
     if config.top_h is not None:
         logits = cutoffs.top_h(logits, config.top_h)
     if config.top_k is not None:
-        survivors = _among_top_k(logits, config, rules)
+        survivors = _among_top_k(logits, config)
         if survivors is not None:
             return survivors
-        logits = rules.top_k(logits, config.top_k)
-    return _truncate(logits, config, rules), None
+        logits = truncation.top_k(logits, config.top_k)
+    return _truncate(logits, config), None
 
 
-def _truncate(logits, config: SamplingConfig, rules) -> torch.Tensor:
+def _truncate(logits, config: SamplingConfig) -> torch.Tensor:
     """top-p, then min-p, typical, epsilon and eta (each when set)."""
     if config.top_p is not None and config.top_p < 1.0:
-        logits = rules.top_p(logits, config.top_p)
+        logits = truncation.top_p(logits, config.top_p)
     if config.min_p is not None and config.min_p > 0.0:
-        logits = rules.min_p(logits, config.min_p)
+        logits = truncation.min_p(logits, config.min_p)
     if config.typical_p is not None and config.typical_p < 1.0:
-        logits = rules.typical(logits, config.typical_p)
+        logits = truncation.typical(logits, config.typical_p)
     if config.epsilon_cutoff is not None:
         logits = cutoffs.epsilon_cut(logits, config.epsilon_cutoff)
     if config.eta_cutoff is not None:
@@ -251,7 +152,7 @@ def _truncate(logits, config: SamplingConfig, rules) -> torch.Tensor:
     return logits
 
 
-def _among_top_k(logits, config: SamplingConfig, rules) -> torch.Tensor | None:
+def _among_top_k(logits, config: SamplingConfig) -> torch.Tensor | None:
     """top-k, then the other rules on the k survivors only: a ``[batch, k]`` problem.
 
     After top-k every other token is at -inf and has probability 0, so top-p, min-p and
@@ -263,7 +164,7 @@ def _among_top_k(logits, config: SamplingConfig, rules) -> torch.Tensor | None:
     values, ids = torch.topk(logits, k, dim=-1)
     if bool(((logits >= values[..., -1:]).sum(dim=-1) > k).any()):
         return None
-    return _truncate(values, config, rules), ids
+    return _truncate(values, config), ids
 
 
 def next_token(
@@ -285,8 +186,6 @@ def _optional(check, value, *args):
     """``check(value, *args)``, or None (the rule is off) for None."""
     return None if value is None else check(value, *args)
 
-
-# --- One token for a loop, and the distribution it came from (chapters 3-9) ----------------------
 
 def choose(logits: torch.Tensor, config: SamplingConfig, generator=None) -> torch.Tensor:
     """One token per row under ``config`` (no penalties: they need the history, see ``next_token``)."""
