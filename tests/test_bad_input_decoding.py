@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import logitlab as ll
-from logitlab.drafters import DraftModelDrafter
-from logitlab.medusa import MedusaHeads, medusa_generate
-from logitlab.speculative import RejectionSampling
+from logitlab.speculative.draft_model import DraftModelDrafter
+from logitlab.speculative.medusa_heads import MedusaHeads, medusa_generate
+from logitlab.speculative.acceptance import RejectionSampling
 
 
 def tiny_llama(vocab=6):

@@ -76,7 +76,7 @@ def test_pass_log_records_every_pass_of_a_speculative_run():
 
     target, draft = ll.toy_model(vocab_size=6, seed=0), ll.toy_model(vocab_size=6, seed=1)
     with costmodel.PassLog(target) as log:
-        result = ll.speculative_generate(target, ll.drafters.DraftModelDrafter(draft), [[1, 2]], gamma=3,
+        result = ll.speculative_generate(target, ll.speculative.draft_model.DraftModelDrafter(draft), [[1, 2]], gamma=3,
                                          max_new_tokens=10, temperature=0, eos_token_id=[])
     # The prefill over the prompt, then one pass per call over the pending token and its drafts;
     # the draft model's own passes are not the target's.

@@ -9,10 +9,10 @@ import logitlab as ll
 from logitlab.course import checks
 from logitlab.constrained.index import build_index, fewest_tokens
 from logitlab.decoding.generate import find_stop
-from logitlab.lookahead import single_call_layout
+from logitlab.speculative.pass_embeddings import single_call_layout
 from logitlab.constrained.regex import ByteNFA, determinize, utf8_ranges
 from logitlab.training.lookahead import training_layout
-from logitlab.tree_verification import after_rejection
+from logitlab.speculative.tree_verify import after_rejection
 
 
 def subsets_by_library(symbols, moves, empty, start, accepting):
@@ -41,11 +41,11 @@ SHORT_CUTS = {
     "check_tree_positions": lambda parents, offset: ll.tree_position_ids(parents, offset),
     "check_verify": lambda d, q, p, generator: ll.speculative.verify(d[None], q[None], p[None], generator),
     "check_expected_tokens": lambda alpha, gamma: ll.speculative.expected_tokens(alpha, gamma),
-    "check_match_probability": lambda p: ll.typical_acceptance.match_probability(p),
-    "check_typical_accept": lambda d, p, eps, delta: ll.typical_acceptance.typical_accept(d[None], p[None], eps, delta)[0],
+    "check_match_probability": lambda p: ll.speculative.typical.match_probability(p),
+    "check_typical_accept": lambda d, p, eps, delta: ll.speculative.typical.typical_accept(d[None], p[None], eps, delta)[0],
     "check_training_layout": lambda length, starts, k: training_layout(length, starts, k),
     "check_single_call_layout": lambda drafts, groups: single_call_layout(drafts, groups),
-    "check_keep_best": lambda scores, parents, budget: ll.eagle.rerank(scores, parents, budget),
+    "check_keep_best": lambda scores, parents, budget: ll.speculative.eagle.rerank(scores, parents, budget),
     "check_after_rejection": lambda r, token, q: after_rejection(r, token, q),
     "check_allowed_tokens": lambda table, vocab, state: build_index(table, vocab)[state],
     "check_fewest_tokens": lambda moves, accepting: fewest_tokens(moves, accepting),

@@ -379,7 +379,7 @@ def test_speculative_decoding_reproduces_the_masked_target(settings):
     exactly (chi-square, false-positive rate 1e-4 per test), like ``ll.generate``'s; the same
     samples fail against the unmasked target (the test can tell the two apart)."""
     from scipy.stats import chisquare
-    from logitlab.drafters import DraftModelDrafter
+    from logitlab.speculative.draft_model import DraftModelDrafter
     from logitlab.sampling.pipeline import SamplingConfig
     target = ll.toy_model(vocab_size=5, order=2, seed=0)
     drafter = DraftModelDrafter(ll.toy_model(vocab_size=5, order=3, seed=9))
@@ -412,7 +412,8 @@ def test_speculative_decoding_reproduces_the_masked_target(settings):
 @pytest.mark.slow
 def test_speculative_decoding_under_a_constraint_is_greedy_at_temperature_0(smollm2):
     model, tokenizer = smollm2
-    from logitlab.drafters import DraftModelDrafter, PromptLookupDrafter, load_pretrained
+    from logitlab.speculative.draft_model import DraftModelDrafter, load_pretrained
+    from logitlab.speculative.prompt_lookup import PromptLookupDrafter
     pattern = r'\{"name": "[A-Za-z ]{1,20}", "age": [0-9]{1,3}\}'
     prompts = [chat(tokenizer, "Describe a person as JSON with name and age."), chat(tokenizer, "Say yes or no.")]
     constraints = [Constraint(pattern, tokenizer), Constraint("(yes|no)", tokenizer)]

@@ -21,12 +21,12 @@ from test_speculative import P_MIN, tiny_llama
 
 import logitlab as ll
 from logitlab.constrained.constraint import Constraint, LookAhead
-from logitlab.drafter import Drafter, DraftTree
-from logitlab.drafters import MedusaDrafter
-from logitlab.eagle import EagleDrafter, FeatureDrafter
-from logitlab.medusa import medusa_generate
+from logitlab.speculative.drafter import Drafter, DraftTree
+from logitlab.speculative.medusa import MedusaDrafter
+from logitlab.speculative.eagle import EagleDrafter, FeatureDrafter
+from logitlab.speculative.medusa_heads import medusa_generate
 from logitlab.sampling.pipeline import SamplingConfig
-from logitlab.speculative import speculative_generate
+from logitlab.speculative.loop import speculative_generate
 
 VOCAB = [b"a", b"b", b"ab", b"c", b"d", None]  # tiny_llama's six tokens; 5 is EOS
 EOS = 5
@@ -208,9 +208,9 @@ def smollm2():
 
 @pytest.mark.slow
 def test_every_tree_drafter_is_greedy_under_a_regex_and_a_json_schema(smollm2):
-    from logitlab.eagle import load_drafter
+    from logitlab.speculative.eagle import load_drafter
     from logitlab.constrained.json_schema import to_regex
-    from logitlab.medusa import load_heads
+    from logitlab.speculative.medusa_heads import load_heads
     model, tokenizer = smollm2
     pattern = r'\{"name": "[A-Za-z ]{1,20}", "age": [0-9]{1,3}\}'
     schema = {"type": "object", "required": ["name", "age", "city"], "properties": {

@@ -24,9 +24,11 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import logitlab as ll
-from logitlab.drafters import DraftModelDrafter, MedusaDrafter, PromptLookupDrafter
-from logitlab.lookahead import LookaheadEmbeddings, pass_generate
-from logitlab.medusa import MedusaHeads, medusa_generate
+from logitlab.speculative.draft_model import DraftModelDrafter
+from logitlab.speculative.medusa import MedusaDrafter
+from logitlab.speculative.prompt_lookup import PromptLookupDrafter
+from logitlab.speculative.pass_embeddings import LookaheadEmbeddings, pass_generate
+from logitlab.speculative.medusa_heads import MedusaHeads, medusa_generate
 
 
 def tiny_llama(layers=2, seed=0, vocab=6):
@@ -79,7 +81,7 @@ def entry_points():
 def training_entry_points(target, heads, lookahead):
     """One small step of every trainer (draft model, Medusa heads, look-ahead embeddings) and of
     the data they are trained on."""
-    from logitlab.drafters import build_draft
+    from logitlab.speculative.draft_model import build_draft
     from logitlab.training import data, draft, medusa
     from logitlab.training.lookahead import train_lookahead
 

@@ -1,11 +1,12 @@
-"""The book's draft model (logitlab.training.draft, ll.drafters.load_pretrained): its reduced output
+"""The book's draft model (logitlab.training.draft, ll.speculative.draft_model.load_pretrained): its reduced output
 layer, the choice of its vocabulary, saving and loading, and the shipped file."""
 
 import pytest
 import torch
 
 import logitlab as ll
-from logitlab.drafters import SubsetHead, build_draft, load_draft
+from logitlab.speculative.subset_head import SubsetHead
+from logitlab.speculative.draft_model import build_draft, load_draft
 from logitlab.training.data import choose_vocabulary
 from logitlab.training.draft import save_draft
 
@@ -69,17 +70,17 @@ def test_save_and_load_round_trip_with_and_without_the_subset(tmp_path):
 
 def test_load_pretrained_refuses_a_model_it_was_not_trained_for():
     with pytest.raises(ValueError, match="SmolLM2-135M"):
-        ll.drafters.load_pretrained(tiny_target())
+        ll.speculative.draft_model.load_pretrained(tiny_target())
     with pytest.raises(ValueError, match="target"):
-        ll.drafters.load_pretrained("smollm2")
+        ll.speculative.draft_model.load_pretrained("smollm2")
 
 
 def test_the_shipped_draft_is_small_loads_and_drafts_only_its_vocabulary():
-    assert ll.drafters.PRETRAINED_DRAFT.stat().st_size <= 20e6
+    assert ll.speculative.draft_model.PRETRAINED_DRAFT.stat().st_size <= 20e6
     model, tokenizer = ll.load("smollm2-135m", device="cpu")
-    draft = ll.drafters.load_pretrained(model)
+    draft = ll.speculative.draft_model.load_pretrained(model)
     with pytest.raises(ValueError, match="full_vocabulary"):
-        ll.drafters.load_pretrained(model, full_vocabulary="yes")
+        ll.speculative.draft_model.load_pretrained(model, full_vocabulary="yes")
     assert isinstance(draft.lm_head, SubsetHead) and draft.config.num_hidden_layers == 1
     assert draft.model.embed_tokens is model.model.embed_tokens
     # A chat answer the draft never saw; its acceptance rate, position by position, against the
@@ -93,7 +94,7 @@ def test_the_shipped_draft_is_small_loads_and_drafts_only_its_vocabulary():
     ids = tokenizer(prompt + answer, add_special_tokens=False, return_tensors="pt").input_ids
     with torch.inference_mode():
         target = ll.softmax(model(ids).logits[0, -40:])
-        full = ll.drafters.load_pretrained(model, full_vocabulary=True)(ids).logits[0, -40:]
+        full = ll.speculative.draft_model.load_pretrained(model, full_vocabulary=True)(ids).logits[0, -40:]
         reduced = draft(ids).logits[0, -40:]
         untrained = build_draft(model)(ids).logits[0, -40:]
     vocab = draft.lm_head.vocab

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import logitlab as ll
-from logitlab.drafters import MedusaDrafter
-from logitlab.medusa import MedusaHeads
+from logitlab.speculative.medusa import MedusaDrafter
+from logitlab.speculative.medusa_heads import MedusaHeads
 from logitlab.training import medusa as train_medusa
 from logitlab.training.data import choose_vocabulary
 from logitlab.training.lookahead import rows_and_states, rows_from_tokens, train_lookahead

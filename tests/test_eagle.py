@@ -1,4 +1,4 @@
-"""Feature-level drafting (logitlab.eagle): the drafter reads the right features at the right
+"""Feature-level drafting (logitlab.speculative.eagle): the drafter reads the right features at the right
 places, its chains and dynamic trees leave greedy decoding unchanged and sampling exact, and the
 shipped drafter on SmolLM2.
 
@@ -12,9 +12,9 @@ from test_medusa import pooled_chi_square_pvalue
 from test_speculative import P_MIN, exact_llama_probs, tiny_llama
 
 import logitlab as ll
-from logitlab.eagle import EagleDrafter, FeatureDrafter, load_drafter, save_drafter
+from logitlab.speculative.eagle import EagleDrafter, FeatureDrafter, load_drafter, save_drafter
 from logitlab.sampling.pipeline import SamplingConfig
-from logitlab.speculative import speculative_generate
+from logitlab.speculative.loop import speculative_generate
 from logitlab.training.eagle import accuracy, cropped, row_features, train
 
 
@@ -272,8 +272,8 @@ def test_shipped_drafter_is_small_greedy_exact_and_trained():
     import json
 
     model, tokenizer = ll.load("smollm2-135m", device="cpu")
-    assert ll.eagle.PRETRAINED.stat().st_size <= 10e6
-    log = json.loads(ll.eagle.PRETRAINED.with_suffix(".json").read_text())
+    assert ll.speculative.eagle.PRETRAINED.stat().st_size <= 10e6
+    log = json.loads(ll.speculative.eagle.PRETRAINED.with_suffix(".json").read_text())
     assert len(log["loss"]) == log["recipe"]["steps"] and log["held_out_accuracy"][-1][0] == log["recipe"]["steps"]
     drafter = load_drafter(model)
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Explain how a refrigerator keeps food cold."}],

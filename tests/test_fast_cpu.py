@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import logitlab as ll
 from logitlab import fast_cpu
-from logitlab.drafters import PromptLookupDrafter
+from logitlab.speculative.prompt_lookup import PromptLookupDrafter
 
 
 @pytest.fixture(scope="module")

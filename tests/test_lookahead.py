@@ -7,11 +7,11 @@ import torch
 from scipy.stats import chisquare
 
 import logitlab as ll
-import logitlab.lookahead as lookahead_module
-from logitlab.lookahead import (LookaheadEmbeddings, load_lookahead, load_pretrained, pass_generate, save_lookahead,
+import logitlab.speculative.pass_embeddings as lookahead_module
+from logitlab.speculative.pass_embeddings import (LookaheadEmbeddings, load_lookahead, load_pretrained, pass_generate, save_lookahead,
                                 single_call_layout)
 from logitlab.sampling.pipeline import SamplingConfig
-from logitlab.speculative import speculative_generate
+from logitlab.speculative.loop import speculative_generate
 from logitlab.training.data import generate_with_logits
 from logitlab.training.lookahead import lookahead_losses, rows_from_tokens, train_lookahead, training_layout
 from test_speculative import P_MIN, exact_llama_probs, tiny_llama

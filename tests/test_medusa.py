@@ -1,4 +1,4 @@
-"""Medusa heads (logitlab.medusa, ll.drafters.MedusaDrafter): their construction, the hidden state
+"""Medusa heads (logitlab.speculative.medusa_heads, ll.speculative.medusa.MedusaDrafter): their construction, the hidden state
 the loop hands them, exactness of the chain under rejection sampling, greedy equality of the
 chain and of the tree, and the shipped heads on SmolLM2."""
 
@@ -10,11 +10,11 @@ from scipy.stats import chisquare
 from test_speculative import P_MIN, chi_square_pvalue, exact_llama_probs, tiny_llama
 
 import logitlab as ll
-from logitlab.drafters import MedusaDrafter
-from logitlab.medusa import MedusaHeads, load_heads, medusa_generate, save_heads
+from logitlab.speculative.medusa import MedusaDrafter
+from logitlab.speculative.medusa_heads import MedusaHeads, load_heads, medusa_generate, save_heads
 from logitlab.decoding.tree_shape import cartesian_tree
 from logitlab.sampling.pipeline import SamplingConfig
-from logitlab.speculative import speculative_generate
+from logitlab.speculative.loop import speculative_generate
 
 
 def random_heads(model, num_heads=3, seed=0, scale=3.0, vocab=None):
@@ -227,7 +227,7 @@ def test_the_heads_read_the_hidden_state_where_the_pending_token_was_predicted(s
 @pytest.mark.slow
 def test_shipped_heads_are_small_greedy_exact_and_beat_no_drafting(smollm):
     model, tokenizer = smollm
-    assert ll.medusa.PRETRAINED_HEADS.stat().st_size <= 5e6
+    assert ll.speculative.medusa_heads.PRETRAINED_HEADS.stat().st_size <= 5e6
     heads = load_heads(model)
     assert heads.num_heads >= 3
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Explain how a refrigerator keeps food cold."}],

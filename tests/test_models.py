@@ -42,7 +42,7 @@ def test_bad_device_raises():
     missing = "cuda:7" if torch.cuda.is_available() else "cuda"
     with pytest.raises(ValueError, match=r"not available on this machine; available: \['cpu'"):
         ll.load("smollm2-135m", device=missing)
-    assert ll.models.available_devices()[0] == "cpu"
+    assert ll.devices.available_devices()[0] == "cpu"
 
 
 def test_uncached_then_cached_load_give_identical_logits(monkeypatch, tmp_path):

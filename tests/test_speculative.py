@@ -14,17 +14,12 @@ import torch
 from scipy.stats import binomtest, chisquare
 
 import logitlab as ll
-from logitlab.drafters import DraftModelDrafter, PromptLookupDrafter
+from logitlab.speculative.draft_model import DraftModelDrafter
+from logitlab.speculative.prompt_lookup import PromptLookupDrafter
 from logitlab.sampling.pipeline import SamplingConfig, process_logits
-from logitlab.speculative import (
-    GreedyMatching,
-    acceptance_rate,
-    expected_tokens,
-    greedy_verify,
-    speculative_generate,
-    speedup,
-    verify,
-)
+from logitlab.speculative.acceptance import GreedyMatching, greedy_verify, verify
+from logitlab.speculative.loop import speculative_generate
+from logitlab.speculative.theory import acceptance_rate, expected_tokens, speedup
 
 P_MIN = 1e-4
 
@@ -137,7 +132,8 @@ def test_theory():
 
 def test_loop_overhead_is_what_the_passes_and_the_drafter_leave():
     from logitlab.decoding import GenerationResult
-    from logitlab.speculative import SpeculativeResult, loop_overhead
+    from logitlab.speculative.result import SpeculativeResult
+    from logitlab.speculative.theory import loop_overhead
 
     empty = dict(sequences=[], new_tokens=[], logprobs=[], raw_logprobs=[], finish_reasons=[], prompt_index=[])
     v = {1: 1.0, 3: 1.2, 4: 1.5}.__getitem__
@@ -276,7 +272,7 @@ PROMPTS = ["The capital of France is", "def add(a, b):\n    return", "Once upon 
 def test_greedy_speculative_decoding_gives_the_greedy_tokens(smollm, early_exit, which):
     model, tokenizer = smollm
     if which == "shipped draft":
-        drafter = DraftModelDrafter(ll.drafters.load_pretrained(model))
+        drafter = DraftModelDrafter(ll.speculative.draft_model.load_pretrained(model))
     else:
         drafter = {"early exit": DraftModelDrafter(early_exit), "prompt lookup": PromptLookupDrafter(model.config.vocab_size),
                    "itself": DraftModelDrafter(model)}[which]
@@ -437,7 +433,8 @@ def test_run_statistics_count_the_passes_and_time_them():
 
 
 def test_pooled_alpha_weighs_every_examined_draft_once():
-    from logitlab.speculative import SpeculativeResult, call_counts, examined_drafts, pooled_alpha
+    from logitlab.speculative.result import SpeculativeResult
+    from logitlab.speculative.theory import call_counts, examined_drafts, pooled_alpha
 
     def run(calls, drafted):  # calls: per call, per row, (drafts accepted, tokens the output keeps)
         counts = [[call_counts(n, k, g) for n, k in row] for row, g in zip(calls, drafted)]
@@ -469,7 +466,7 @@ def test_acceptance_counts_no_draft_after_the_end_of_the_text(smollm, loop):
         out = speculative_generate(model, DraftModelDrafter(model), PROMPTS[:1], tokenizer=tokenizer, gamma=4,
                                    max_new_tokens=24, temperature=0, eos_token_id=eos)
     else:
-        out = ll.lookahead.pass_generate(model, ll.lookahead.load_pretrained(model), PROMPTS[0], tokenizer=tokenizer,
+        out = ll.speculative.pass_embeddings.pass_generate(model, ll.speculative.pass_embeddings.load_pretrained(model), PROMPTS[0], tokenizer=tokenizer,
                                          max_new_tokens=24, temperature=0, eos_token_id=eos)
     assert out.new_tokens[0].tolist() == greedy.new_tokens[0][:3].tolist()
     if loop == "chain":  # the prefill gives token 1; the one call drafts 2-5, all accepted, and keeps 2-3
@@ -479,7 +476,7 @@ def test_acceptance_counts_no_draft_after_the_end_of_the_text(smollm, loop):
 
 def test_acceptance_counts_by_position_on_a_hand_made_record():
     # Call 1: 3 drafts, rows kept 3 and 1; call 2: 2 drafts, one row kept 0.
-    from logitlab.speculative import SpeculativeResult
+    from logitlab.speculative.result import SpeculativeResult
 
     r = SpeculativeResult(sequences=[], new_tokens=[], logprobs=[], raw_logprobs=[], finish_reasons=[], prompt_index=[],
                           accepted=[[3, 1], [0]], drafted=[3, 2])

@@ -11,15 +11,8 @@ from scipy.stats import binomtest, chisquare
 import logitlab as ll
 from logitlab.course.checks import CheckFailed, check_tree_mask
 from logitlab.sampling.pipeline import SamplingConfig, process_logits
-from logitlab.search.trees import (
-    TokenTree,
-    gumbel_top_k,
-    sample_tree,
-    score_paths,
-    score_tree,
-    tree_attention_mask,
-    tree_position_ids,
-)
+from logitlab.decoding.tree_shape import tree_attention_mask, tree_position_ids
+from logitlab.search.trees import TokenTree, gumbel_top_k, sample_tree, score_paths, score_tree
 
 ALPHA = 1e-4  # the false-positive rate of every statistical test here
 

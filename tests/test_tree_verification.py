@@ -1,4 +1,4 @@
-"""Verifying a tree of drafts (logitlab.tree_verification): exact cases by hand, and chi-square tests
+"""Verifying a tree of drafts (logitlab.speculative.tree_verify): exact cases by hand, and chi-square tests
 that recursive rejection sampling reproduces the target's distribution for trees whose children
 were chosen deterministically, sampled with replacement and sampled without replacement, while
 the tempting wrong rule (the drafter's soft q for deterministic children) fails the same test.
@@ -18,7 +18,7 @@ import torch
 from scipy.stats import chisquare
 
 from logitlab.search.trees import gumbel_top_k
-from logitlab.tree_verification import children_lists, deepest_path, greedy_tree, verify_tree
+from logitlab.speculative.tree_verify import children_lists, deepest_path, greedy_tree, verify_tree
 
 P_MIN = 1e-4
 VOCAB, LENGTH, ROOT = 4, 3, 1

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import logitlab as ll
-from logitlab.speculative import speculative_generate
+from logitlab.speculative.loop import speculative_generate
 from logitlab.measure.exactness import output_distance
-from logitlab.typical_acceptance import TypicalAcceptance, typical_accept, typical_threshold
+from logitlab.speculative.typical import TypicalAcceptance, typical_accept, typical_threshold
 
 SURE = [0.97, 0.01, 0.01, 0.01]  # low entropy: the bar is epsilon
 FLAT = [0.25, 0.25, 0.25, 0.25]  # entropy log 4: the bar is delta / 4 = 0.075
@@ -59,7 +59,7 @@ def test_typical_accept_matches_a_plain_loop_on_random_cases():
 @pytest.mark.parametrize("next_token", ["argmax", "sample"])
 def test_typical_acceptance_is_greedy_decoding_at_temperature_zero(next_token):
     target = ll.toy_model(vocab_size=6, order=2, seed=0)
-    drafter = ll.drafters.DraftModelDrafter(ll.toy_model(vocab_size=6, order=2, seed=1))
+    drafter = ll.speculative.draft_model.DraftModelDrafter(ll.toy_model(vocab_size=6, order=2, seed=1))
     prompts = [[1], [2, 3], [4, 0, 5]]
     ref = ll.generate(target, prompts, max_new_tokens=12, temperature=0, eos_token_id=[])
     out = speculative_generate(target, drafter, prompts, gamma=3, max_new_tokens=12, temperature=0, eos_token_id=[],
@@ -70,7 +70,7 @@ def test_typical_acceptance_is_greedy_decoding_at_temperature_zero(next_token):
 
 def sequence_tv(target, drafter, acceptance):
     if isinstance(drafter, torch.nn.Module):
-        drafter = ll.drafters.DraftModelDrafter(drafter)
+        drafter = ll.speculative.draft_model.DraftModelDrafter(drafter)
     return output_distance(target, drafter, acceptance, prompt=[1], length=3, samples=20_000, gamma=2)
 
 
@@ -112,19 +112,19 @@ def test_bad_shapes_raise():
 def test_output_distance_refuses_a_vocabulary_too_large_to_enumerate():
     big = ll.toy_model(vocab_size=50, order=2, seed=0)
     with pytest.raises(ValueError, match="vocab_size"):
-        output_distance(big, ll.drafters.DraftModelDrafter(big), TypicalAcceptance(), length=3)
+        output_distance(big, ll.speculative.draft_model.DraftModelDrafter(big), TypicalAcceptance(), length=3)
 
 
 def test_match_probability_is_the_collision_probability():
     p = torch.tensor([[0.5, 0.3, 0.2], [1.0, 0.0, 0.0]])
-    assert torch.allclose(ll.typical_acceptance.match_probability(p), torch.tensor([0.38, 1.0]))
+    assert torch.allclose(ll.speculative.typical.match_probability(p), torch.tensor([0.38, 1.0]))
     with pytest.raises(ValueError, match="p"):
-        ll.typical_acceptance.match_probability(torch.tensor([0.5, 0.6]))
+        ll.speculative.typical.match_probability(torch.tensor([0.5, 0.6]))
 
 
 def test_a_tree_judges_each_node_by_its_own_parents_bar():
     from logitlab.sampling.pipeline import SamplingConfig
-    from logitlab.tree_verification import deepest_path
+    from logitlab.speculative.tree_verify import deepest_path
 
     # Oracle: each child's bar computed from its own parent's row, one node at a time.
     rule, config = TypicalAcceptance(0.09, 0.3), SamplingConfig(temperature=1.0)

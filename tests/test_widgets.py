@@ -8,7 +8,7 @@ from test_checks_and_viz import CharTokenizer
 
 import logitlab as ll
 from logitlab.figures import widgets
-from logitlab.speculative import SpeculativeResult
+from logitlab.speculative.result import SpeculativeResult
 
 matplotlib.use("Agg")
 
@@ -100,7 +100,7 @@ def test_outcome_spans_follow_the_calls():
 
 def test_outcome_html_counts_a_real_run(toy):
     model, tok = toy
-    drafter = ll.drafters.DraftModelDrafter(ll.toy_model(vocab_size=26, seed=1))
+    drafter = ll.speculative.draft_model.DraftModelDrafter(ll.toy_model(vocab_size=26, seed=1))
     run = ll.speculative_generate(model, drafter, [[1, 2]], gamma=3, max_new_tokens=30, eos_token_id=[],
                                   generator=torch.Generator().manual_seed(0))
     kinds = [k for _, k in ll.viz.outcome_spans(run)]

@@ -5,27 +5,33 @@
     probs = ll.softmax(logits, temperature=0.7)
     token = ll.sample(logits, temperature=0.7, generator=ll.generator(model, seed=0))
 
-Each module follows a chapter of the book and says which one.
+The folders follow the book's parts: ``sampling`` (chapters 1-3: one token from logits, the
+truncation rules, the penalties), ``decoding`` (the loop every method shares), ``search`` (beam
+search, best-of-N, token trees: chapters 4-5), ``speculative`` (drafting and verification:
+chapters 6-9), ``constrained`` (chapter 10) and ``measure`` (timing and the shipped results,
+chapter 11). ``course`` (the exercises' checks, the grader), ``figures`` (plots, widgets),
+``training`` and ``bench`` are the tooling around them, loaded only when used.
 """
 
 import importlib
 
-from . import (constrained, decoding, devices, drafter, drafters, eagle, fast_cpu, lookahead, medusa, sampling, search,
-               speculative, tree_verification, typical_acceptance)
+# The book's parts, in its order (each module says which chapter explains it).
+from . import constrained, decoding, devices, fast_cpu, sampling, search, speculative
 from .measure import conditioning, exactness, metrics, results, timing
-from .decoding.result import GenerationResult
-from .decoding.tree_shape import tree_attention_mask, tree_position_ids
-from .devices import generator
-from .models import chat_ids, device, load, next_token_logits, toy_bigram, toy_model
+from .models import chat_ids, load, next_token_logits
+from .toy import toy_bigram, toy_model
+from .devices import device, generator
 from .probs import apply_temperature, entropy, kl, log_softmax, softmax, tv_distance
-from .decoding.generate import generate
 from .sampling.draw import greedy, gumbel_max, sample
 from .sampling.pipeline import SamplingConfig, next_token
+from .decoding.generate import generate
+from .decoding.result import GenerationResult
+from .decoding.tree_shape import tree_attention_mask, tree_position_ids
 from .search.beam import BeamSearchResult, beam_search
 from .search.best_of_n import BestOfN, best_of_n
 from .search.trees import TokenTree, gumbel_top_k, sample_tree, score_paths, score_tree
 from .speculative import SpeculativeResult, speculative_generate
-from .typical_acceptance import TypicalAcceptance, typical_accept
+from .speculative.typical import TypicalAcceptance, typical_accept
 from .constrained import Constraint
 
 __version__ = "0.1.0"
@@ -57,23 +63,16 @@ __all__ = [
     "exactness",
     "decoding",
     "devices",
-    "drafter",
     "fast_cpu",
     "generator",
     "metrics",
-    "drafters",
-    "eagle",
-    "lookahead",
-    "medusa",
     "speculative",
     "speculative_generate",
     "SpeculativeResult",
-    "typical_acceptance",
     "TypicalAcceptance",
     "typical_accept",
     "sampling",
     "search",
-    "tree_verification",
     "apply_temperature",
     "beam_search",
     "best_of_n",

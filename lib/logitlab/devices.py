@@ -7,7 +7,9 @@ library creates follows the model's device, so that the same code runs on all th
 * ``generator(model, seed)``: a seeded ``torch.Generator`` there (``ll.generator``);
 * ``exact_dtype(device)``: float64 for sums that must not lose rare tokens' mass, float32 on
   MPS, which has no float64;
-* ``now(device)``: the time, once the device has finished its queued work.
+* ``now(device)``: the time, once the device has finished its queued work;
+* ``device()``: the best device this machine has (``ll.device``), ``available_devices()`` all of
+  them, and ``pick_device``, which ``ll.load`` uses to refuse one that is not there.
 """
 
 from __future__ import annotations
@@ -60,3 +62,34 @@ def now(device: torch.device | None = None) -> float:
     if kind in (None, "mps") and torch.backends.mps.is_available():
         torch.mps.synchronize()
     return time.perf_counter()
+
+
+def device() -> torch.device:
+    """The best available device: CUDA, then Apple's MPS, then the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def available_devices() -> list[str]:
+    """The devices this machine can run the model on: 'cpu', then 'cuda:0', 'cuda:1', ... and 'mps'."""
+    names = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0)]
+    mps = getattr(torch.backends, "mps", None)
+    return names + (["mps"] if mps is not None and mps.is_available() else [])
+
+
+def pick_device(dev) -> torch.device:
+    if dev is None:
+        return device()
+    try:
+        chosen = torch.device(dev)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be None, a torch.device or a string like 'cpu' or 'cuda', got {dev!r}") from None
+    here = available_devices()
+    name = f"{chosen.type}:{chosen.index or 0}" if chosen.type == "cuda" else chosen.type
+    if name not in here:
+        raise ValueError(f"device {dev!r} is not available on this machine; available: {here}")
+    return chosen

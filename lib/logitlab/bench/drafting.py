@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 
 from ..devices import generator as seeded_generator
-from ..drafters import DraftModelDrafter
+from ..speculative.draft_model import DraftModelDrafter
 from ..decoding.generate import generate
-from ..speculative import pooled_alpha, speculative_generate
+from ..speculative.loop import speculative_generate
+from ..speculative.theory import pooled_alpha
 from ..measure.timing import forward_seconds, interleaved_median_times
 from .costmodel import calibrate, predicted_speedups
 from .prompts import CALIBRATION, CALIBRATION_GROUNDED, DRAFT_PROMPTS, GROUNDED, OPEN_ENDED, cached_prefix, chat
@@ -21,7 +22,7 @@ def bench_speculative(table: Table, model, tokenizer, new_tokens: int = 96, gamm
     on input-grounded and open-ended prompts, with the cost model's forecast from other prompts."""
     from transformers import GenerationConfig
 
-    from ..drafters import PromptLookupDrafter
+    from ..speculative.prompt_lookup import PromptLookupDrafter
 
     stock = model if stock is None else stock
     vocab = model.config.vocab_size
@@ -77,7 +78,7 @@ def bench_draft_model(table: Table, model, tokenizer, new_tokens: int = 128, gam
     assisted generation at T = 0 (on ``stock``: the model, fast path off). At each temperature
     the cost model, calibrated on other prompts, chooses gamma among ``gammas``; the row gives
     its forecast beside the measured speedup."""
-    from ..drafters import load_pretrained
+    from ..speculative.draft_model import load_pretrained
 
     stock = model if stock is None else stock
     draft = load_pretrained(model)
@@ -172,9 +173,9 @@ def bench_typical(table: Table, model, tokenizer, new_tokens: int = 64, gamma: i
     rejection sampling with the heads proposing their top tokens; the same with the heads
     sampling their proposals; the chain under typical acceptance (Medusa's defaults, argmax next
     token); and the largest tree under typical acceptance."""
-    from ..drafters import MedusaDrafter
-    from ..medusa import load_heads, medusa_generate
-    from ..typical_acceptance import TypicalAcceptance
+    from ..speculative.medusa import MedusaDrafter
+    from ..speculative.medusa_heads import load_heads, medusa_generate
+    from ..speculative.typical import TypicalAcceptance
 
     heads = load_heads(model)
     prompts = [chat(tokenizer, q) for q in DRAFT_PROMPTS]
@@ -225,7 +226,7 @@ def bench_pass(table: Table, model, tokenizer, new_tokens: int = 64, ks=tuple(ra
     after every prefix ("all") and after the likeliest one ("likely") for each k in
     ``single_ks``. Each row gives its tokens per target pass (drafting calls included). At T = 0
     every run is checked to give greedy decoding's tokens."""
-    from ..lookahead import load_pretrained, pass_generate
+    from ..speculative.pass_embeddings import load_pretrained, pass_generate
 
     prompts = [chat(tokenizer, q) for q in DRAFT_PROMPTS]
     held_out = [chat(tokenizer, q) for q in CALIBRATION]
@@ -263,8 +264,8 @@ def bench_eagle(table: Table, model, tokenizer, new_tokens: int = 128, gamma: in
     sampling (exact), and above T = 0 also under typical acceptance (not exact). At T = 0 every run
     is checked to give greedy decoding's tokens; each row carries the cost model's forecast from
     the calibration prompts and the acceptance rate of each draft position."""
-    from ..eagle import EagleDrafter, load_drafter
-    from ..typical_acceptance import TypicalAcceptance
+    from ..speculative.eagle import EagleDrafter, load_drafter
+    from ..speculative.typical import TypicalAcceptance
 
     drafter = load_drafter(model)
     tree = dict(top_k=3, nodes=10) if tree is None else tree

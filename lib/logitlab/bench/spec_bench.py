@@ -9,7 +9,7 @@ import torch
 
 from .. import spec_bench
 from ..decoding.generate import generate
-from ..speculative import speculative_generate
+from ..speculative.loop import speculative_generate
 from .drafting import by_position, pass_calls, time_against_ar
 from .prompts import chat
 
@@ -17,10 +17,10 @@ from .prompts import chat
 def shipped_drafters(model) -> dict:
     """The book's trained drafters for ``model``: the draft model, the Medusa heads, the EAGLE
     drafter and two PaSS look-ahead embeddings (k = 2)."""
-    from ..drafters import load_pretrained as load_draft
-    from ..eagle import load_drafter
-    from ..lookahead import load_pretrained as load_lookahead
-    from ..medusa import load_heads
+    from ..speculative.draft_model import load_pretrained as load_draft
+    from ..speculative.eagle import load_drafter
+    from ..speculative.pass_embeddings import load_pretrained as load_lookahead
+    from ..speculative.medusa_heads import load_heads
 
     return {"draft": load_draft(model), "medusa": load_heads(model), "eagle": load_drafter(model),
             "lookahead": load_lookahead(model, 2)}
@@ -33,9 +33,10 @@ def drafting_runs(model, drafters: dict, temperature: float, new_tokens: int) ->
     """label -> fn(ids, generator): ``ll.generate`` first, then each drafter in one setting
     (prompt lookup, the draft model's chain, Medusa's tree, PaSS, EAGLE's chain and tree), all
     exact (rejection sampling, or greedy at T = 0)."""
-    from ..drafters import DraftModelDrafter, PromptLookupDrafter
-    from ..eagle import EagleDrafter
-    from ..medusa import medusa_generate
+    from ..speculative.draft_model import DraftModelDrafter
+    from ..speculative.prompt_lookup import PromptLookupDrafter
+    from ..speculative.eagle import EagleDrafter
+    from ..speculative.medusa_heads import medusa_generate
 
     common = dict(max_new_tokens=new_tokens, temperature=temperature, eos_token_id=[])
 

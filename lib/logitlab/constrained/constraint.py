@@ -200,7 +200,7 @@ class LookAhead:
     def tree(self, tokens: torch.Tensor, parents: list[list[int]]) -> "LookAhead":
         """Every node of each row's tree as a row of its own (``B * n`` rows, row b's nodes in
         order), in the state after the tokens on the path from the root to it. ``tokens`` ``[B, n]``
-        and ``parents`` one list per row, in ``logitlab.tree_verification``'s form: node 0 is the
+        and ``parents`` one list per row, in ``logitlab.speculative.tree_verify``'s form: node 0 is the
         root, the token this look-ahead already stands after."""
         constraints, states, tokens_left = [], [], []
         for c, state, left, row, ids in zip(self.constraints, self.states, self.tokens_left, parents, tokens.tolist()):

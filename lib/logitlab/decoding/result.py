@@ -19,7 +19,7 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 class GenerationResult:
     """What every decoding loop returns. Row ``r`` continues prompt ``prompt_index[r]``.
 
-    Speculative loops (``logitlab.speculative.SpeculativeResult``) add their acceptance statistics.
+    Speculative loops (``logitlab.speculative.result.SpeculativeResult``) add their acceptance statistics.
     """
 
     sequences: list[torch.Tensor]  # prompt (without padding) followed by the new tokens

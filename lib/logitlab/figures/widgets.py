@@ -241,7 +241,7 @@ def speedup_widget(costs: dict, alpha: float = 0.3, gamma: int = 3, c: float = 0
     ``c`` and verification cost ``v`` (a pass over gamma + 1 tokens, in decode steps; its slider
     starts at ``costs[gamma + 1]``, a measured cost), with the break-even line and the point at
     the chosen alpha."""
-    from ..speculative import speedup
+    from ..speculative.theory import speedup
 
     widgets, options = _controls()
     largest = max(costs) - 1

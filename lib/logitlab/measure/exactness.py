@@ -11,7 +11,7 @@ import torch
 
 from ..devices import exact_dtype, model_device
 from ..devices import generator as seeded_generator
-from ..speculative import speculative_generate
+from ..speculative.loop import speculative_generate
 
 
 @torch.inference_mode()

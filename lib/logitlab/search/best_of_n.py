@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import torch
 
 from .._validate import check_int
-from ..decoding.generate import GenerationResult, generate
+from ..decoding.generate import generate
+from ..decoding.result import GenerationResult
 
 SCORES = ("logprob", "mean_logprob")
 

@@ -1,6 +1,6 @@
 """Train a one-layer draft model for SmolLM2-135M, for speculative sampling (chapter 6).
 
-The shipped draft (``ll.drafters.load_pretrained``) was made with
+The shipped draft (``ll.speculative.draft_model.load_pretrained``) was made with
 
     python -m logitlab.training.draft --gen-seconds 540 --data data.pt --steps 1000 --out draft.safetensors
 
@@ -46,7 +46,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ..drafters import build_draft
+from ..speculative.draft_model import build_draft
 from .data import choose_vocabulary, load_or_make_data, new_token_states, steps_within
 
 # --- The draft model ---------------------------------------------------------------------------

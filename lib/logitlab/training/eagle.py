@@ -1,6 +1,6 @@
 """Train the feature-level (EAGLE) drafter for SmolLM2-135M, for chapter 9.
 
-The shipped drafter (``ll.eagle.load_drafter``) was made with
+The shipped drafter (``ll.speculative.eagle.load_drafter``) was made with
 
     python -m logitlab.training.eagle --data eagle_data.pt --steps 1200 --out eagle.safetensors
 
@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 from ..decoding.passes import forward
 from ..devices import generator as seeded_generator
-from ..eagle import FeatureDrafter, save_drafter
+from ..speculative.eagle import FeatureDrafter, save_drafter
 from .data import (cached, choose_vocabulary, load_or_make_data, machine, prompt_ids, split_held_out, steps_within,
                    varied_prompts)
 

@@ -1,6 +1,6 @@
 """Train PaSS look-ahead embeddings for SmolLM2-135M, for chapter 8 ("Parallel speculative sampling").
 
-The shipped embeddings (``ll.lookahead.load_pretrained``) were made in two runs, the second
+The shipped embeddings (``ll.speculative.pass_embeddings.load_pretrained``) were made in two runs, the second
 continuing from the first:
 
     python -m logitlab.training.lookahead --data medusa_data.pt --also draft_data.pt \
@@ -43,7 +43,8 @@ import torch.nn.functional as F
 
 from .._validate import check_body_and_head
 from ..decoding.passes import additive_mask
-from ..lookahead import LookaheadEmbeddings, check_lookahead, load_lookahead, save_lookahead, training_curve
+from ..speculative.pass_embeddings import (LookaheadEmbeddings, check_lookahead, load_lookahead, save_lookahead,
+    training_curve)
 from ..decoding.tree_shape import tree_attention_mask, tree_position_ids
 from .data import load_or_make_data, prompt_ids, split_held_out, varied_prompts
 

@@ -1,6 +1,6 @@
 """Train Medusa heads for SmolLM2-135M, for chapter 7 ("Typical acceptance").
 
-The shipped heads (``ll.medusa.load_heads``) were made with
+The shipped heads (``ll.speculative.medusa_heads.load_heads``) were made with
 
     python -m logitlab.training.medusa --gen-seconds 600 --data medusa_data.pt --also draft_data.pt \
         --steps 1500 --out heads.safetensors
@@ -25,7 +25,7 @@ Why this design:
   learns the target's distribution of token t + 1 + k, which the data holds: the top-64 logits
   the target produced at position t + k while generating. This is distillation on the model's
   own output, as for the draft model, so the heads imitate where the target actually goes.
-* Each head is one residual block starting at the identity (``logitlab.medusa.ResBlock``), and
+* Each head is one residual block starting at the identity (``logitlab.speculative.medusa_heads.ResBlock``), and
   all share the target's frozen output layer restricted to the 2048 tokens it uses most: only
   ``4 x (576 x 576 + 576)`` numbers are trained and shipped (about 2.7 MB in float16). The
   target's probability on tokens outside the 2048 is dropped and the rest renormalised, since
@@ -42,7 +42,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ..medusa import MedusaHeads, save_heads
+from ..speculative.medusa_heads import MedusaHeads, save_heads
 from .data import cached, choose_vocabulary, load_or_make_data, new_token_states, prompt_ids, split_held_out, varied_prompts
 
 

@@ -25,12 +25,12 @@ def check_training_layout(fn) -> None:
                      "it.", "check_training_layout")
 
 
-@asks_for("logitlab.lookahead.single_call_layout")
+@asks_for("logitlab.speculative.pass_embeddings.single_call_layout")
 def check_single_call_layout(fn) -> None:
     """Check ``fn(num_drafts, groups) -> parents`` (chapter 8) against
-    :func:`logitlab.lookahead.single_call_layout`: the pending token, the drafts as a chain, then a
+    :func:`logitlab.speculative.pass_embeddings.single_call_layout`: the pending token, the drafts as a chain, then a
     chain of ``groups[j]`` slots after each prefix length ``j`` (in increasing order of j)."""
-    from ...lookahead import single_call_layout
+    from ...speculative.pass_embeddings import single_call_layout
 
     cases = [("no drafts, three slots", 0, {0: 3}), ("two drafts, slots after every prefix", 2, {0: 2, 1: 2, 2: 2}),
              ("slots after the full prefix only", 3, {3: 2}), ("groups given out of order", 2, {2: 1, 0: 1}),

@@ -10,13 +10,13 @@ import torch
 from .common import CheckFailed, as_list, asks_for, call, call_unchanged, show
 
 
-@asks_for("logitlab.eagle.rerank")
+@asks_for("logitlab.speculative.eagle.rerank")
 def check_keep_best(fn) -> None:
     """Check ``fn(scores, parents, budget) -> (kept, new_parents)`` (chapter 9) against
-    :func:`logitlab.eagle.rerank`: the ``budget`` candidates with the highest cumulative scores,
+    :func:`logitlab.speculative.eagle.rerank`: the ``budget`` candidates with the highest cumulative scores,
     as their indices in increasing order, and each kept node's parent renumbered among the kept
     ones (-1 for the root)."""
-    from ...eagle import rerank
+    from ...speculative.eagle import rerank
 
     cases = [
         ("a chain", [-0.1, -0.5, -0.9], [-1, 0, 1], 2),
@@ -43,13 +43,13 @@ def check_keep_best(fn) -> None:
     print(f"check_keep_best: all {len(cases)} cases passed.")
 
 
-@asks_for("logitlab.tree_verification.after_rejection")
+@asks_for("logitlab.speculative.tree_verify.after_rejection")
 def check_after_rejection(fn) -> None:
     """Check ``fn(r, token, q) -> left`` (chapter 9) against
-    :func:`logitlab.tree_verification.after_rejection`: the target's distribution left for the next
+    :func:`logitlab.speculative.tree_verify.after_rejection`: the target's distribution left for the next
     sibling after ``token``, drawn from ``q`` (``None``: chosen, a point mass), was rejected. Both
     are compared normalised, so ``fn`` may normalise or not."""
-    from ...tree_verification import after_rejection
+    from ...speculative.tree_verify import after_rejection
 
     t = torch.tensor
     cases = [

@@ -12,7 +12,7 @@ from .common import CheckFailed, asks_for, call_unchanged, show
 
 def _reference_gamma(alpha: float, c: float, v: dict) -> int:
     """The gamma in 1..max(v) - 1 with the highest predicted speedup; the smallest on a tie."""
-    from ...speculative import speedup
+    from ...speculative.theory import speedup
 
     gammas = range(1, max(v))
     scores = [speedup(alpha, g, c, v[g + 1]) for g in gammas]
@@ -20,7 +20,7 @@ def _reference_gamma(alpha: float, c: float, v: dict) -> int:
     return next(g for g, s in zip(gammas, scores) if s >= best * (1 - 1e-12))
 
 
-@asks_for("logitlab.speculative.speedup", "logitlab.speculative.expected_tokens")
+@asks_for("logitlab.speculative.theory.speedup", "logitlab.speculative.theory.expected_tokens")
 def check_best_gamma(fn) -> None:
     """Check ``fn(alpha, c, v) -> int`` (chapter 11): the number of drafts per call, among
     1 .. max(v) - 1, that the cost model predicts to be fastest, where a call costs ``gamma * c``

@@ -37,20 +37,22 @@ from pathlib import Path
 
 import torch
 
-from ._validate import check_generator
-from ._validate import check_body_and_head, check_counts
-from .decoding.cache import crop_cache
-from .decoding.passes import forward, masked_forward
-from .decoding.prompts import eos_ids, one_prompt
-from .sampling.pipeline import draw, target_probs
-from .devices import model_device, now
+from .._validate import check_generator
+from .._validate import check_body_and_head, check_counts
+from ..decoding.cache import crop_cache
+from ..decoding.passes import forward, masked_forward
+from ..decoding.prompts import eos_ids, one_prompt
+from ..sampling.pipeline import draw, target_probs
+from ..devices import model_device, now
 from .drafter import Drafter
-from .sampling.pipeline import SamplingConfig
-from .speculative import Outputs, RejectionSampling, SpeculativeResult, call_counts
-from .decoding.tree_shape import tree_attention_mask, tree_position_ids
+from ..sampling.pipeline import SamplingConfig
+from .result import Outputs, SpeculativeResult
+from .theory import call_counts
+from .acceptance import RejectionSampling
+from ..decoding.tree_shape import tree_attention_mask, tree_position_ids
 
 # Written by ``python -m logitlab.training.lookahead``: 8 look-ahead embeddings for SmolLM2-135M.
-PRETRAINED_LOOKAHEAD = Path(__file__).parent / "data" / "lookahead_smollm2_135m.safetensors"
+PRETRAINED_LOOKAHEAD = Path(__file__).resolve().parents[1] / "data" / "lookahead_smollm2_135m.safetensors"
 
 
 class LookaheadEmbeddings(torch.nn.Module, Drafter):
@@ -83,7 +85,7 @@ class LookaheadEmbeddings(torch.nn.Module, Drafter):
         n = self.k if n is None else n
         return self.vectors[:n].to(self.model.model.embed_tokens.weight.dtype)
 
-    # --- The drafter protocol of ll.speculative_generate (see logitlab.drafter) ---------------
+    # --- The drafter protocol of ll.speculative_generate (see logitlab.speculative.drafter) ---------------
 
     def start(self, input_ids, attention_mask, target=None, cache=None) -> None:
         """After the loop's prefill: keep a copy of the target's cache (no second prefill)."""
@@ -236,7 +238,7 @@ def pass_generate(target, lookahead: LookaheadEmbeddings, input_ids, *, max_new_
     A call holds the pending token, the current drafts ``d_1 .. d_m`` and look-ahead slots: after
     every prefix ``d_1 .. d_j`` (``prefixes="all"``: j = 0 .. m, a tree) or after one prefix only
     (``"likely"``: the prefix the drafts' own probabilities make the most likely place for
-    verification to stop). The drafts are verified with ``logitlab.speculative``'s rule
+    verification to stop). The drafts are verified with ``logitlab.speculative.loop``'s rule
     (rejection sampling; greedy matching at T = 0); the slots after the kept prefix give the next
     drafts, if that prefix had slots, else the next call has none. Returns a
     ``SpeculativeResult`` (one row; ``model_calls`` counts every pass, the prefill included).
@@ -276,7 +278,7 @@ class _SingleCall:
 
     def __init__(self, target, lookahead, config, generator, prefixes):
         self.target, self.lookahead, self.config, self.generator = target, lookahead, config, generator
-        self.prefixes, self.rule = prefixes, RejectionSampling()  # logitlab.speculative's rule
+        self.prefixes, self.rule = prefixes, RejectionSampling()  # logitlab.speculative.loop's rule
 
     def prefill(self, ids, slots: int, out: Outputs) -> None:
         """The prompt and ``slots`` look-ahead slots in one pass: the prompt's last position gives

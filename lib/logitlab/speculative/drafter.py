@@ -2,8 +2,8 @@
 
 Chapter 6 ("Speculative sampling") introduces it. The loop depends on this interface only;
 the drafters themselves live elsewhere: a draft model and prompt lookup in
-``logitlab.drafters`` (chapter 6), Medusa heads in ``logitlab.drafters`` too (chapter 7), PaSS
-look-ahead embeddings in ``logitlab.lookahead`` (chapter 8).
+``logitlab.speculative.draft_model`` (chapter 6), Medusa heads in ``logitlab.speculative.draft_model`` too (chapter 7), PaSS
+look-ahead embeddings in ``logitlab.speculative.pass_embeddings`` (chapter 8).
 
 A call of the loop goes: ``propose`` (up to ``gamma`` tokens and the distributions they were
 drawn from), the target's verification pass, then ``rollback`` with how many proposals each row
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .decoding.tree_shape import depths
+from ..decoding.tree_shape import depths
 
 
 @dataclass
@@ -38,7 +38,7 @@ class DraftTree:
     q: torch.Tensor | None = None
 
     def rows(self) -> list[list[int]]:
-        """Each row's parents, with the root as node 0 (``logitlab.tree_verification``'s form)."""
+        """Each row's parents, with the root as node 0 (``logitlab.speculative.tree_verify``'s form)."""
         per_row = self.parents.tolist() if isinstance(self.parents, torch.Tensor) else [list(self.parents)] * len(self.tokens)
         return [[-1] + [a + 1 for a in row] for row in per_row]
 
@@ -123,9 +123,9 @@ def check_drafter(drafter, target_vocab: int) -> Drafter:
         raise ValueError(f"drafter must be a drafter object, got the class {drafter.__name__}: call it, "
                          f"e.g. {drafter.__name__}(...)")
     if isinstance(drafter, torch.nn.Module) and not isinstance(drafter, Drafter):
-        raise ValueError("drafter must be a Drafter: wrap a draft model as ll.drafters.DraftModelDrafter(model)")
+        raise ValueError("drafter must be a Drafter: wrap a draft model as ll.speculative.draft_model.DraftModelDrafter(model)")
     if not isinstance(drafter, Drafter):
-        raise ValueError(f"drafter must be a Drafter (see logitlab.drafter), got {type(drafter).__name__}")
+        raise ValueError(f"drafter must be a Drafter (see logitlab.speculative.drafter), got {type(drafter).__name__}")
     if drafter.vocab_size != target_vocab:
         raise ValueError(f"drafter has a vocabulary of {drafter.vocab_size} tokens, the target {target_vocab}: "
                          "they must share the tokenizer")

@@ -26,7 +26,7 @@ a feature alone does not say which of its likely tokens was actually sampled.
   i gets its ``b_i`` best children, as EAGLE's first version did). Tree children are chosen, not
   sampled, so verification treats each
   as a point mass; that keeps the output exact at every temperature
-  (``logitlab.tree_verification``).
+  (``logitlab.speculative.tree_verify``).
 """
 
 from __future__ import annotations
@@ -35,19 +35,19 @@ from pathlib import Path
 
 import torch
 
-from . import fast_cpu
-from ._validate import check_body_and_head
-from .decoding.cache import crop_cache
-from .decoding.passes import forward, tree_forward
-from .sampling.pipeline import draw
+from .. import fast_cpu
+from .._validate import check_body_and_head
+from ..decoding.cache import crop_cache
+from ..decoding.passes import forward, tree_forward
+from ..sampling.pipeline import draw
 from .drafter import Drafter, DraftTree
-from .drafters import SubsetHead
-from .sampling.pipeline import process_logits
-from .decoding.tree_shape import cartesian_tree
+from .subset_head import SubsetHead
+from ..sampling.pipeline import process_logits
+from ..decoding.tree_shape import cartesian_tree
 
 # Written by ``python -m logitlab.training.eagle``: the layer, fc and norm in float16 and the ids
 # of the tokens the output layer scores (the embedding is the target's own).
-PRETRAINED = Path(__file__).parent / "data" / "eagle_smollm2_135m.safetensors"
+PRETRAINED = Path(__file__).resolve().parents[1] / "data" / "eagle_smollm2_135m.safetensors"
 
 
 class FeatureDrafter(torch.nn.Module):
@@ -155,7 +155,7 @@ class EagleDrafter(Drafter):
 
     def __init__(self, drafter: FeatureDrafter, tree: dict | None = None):
         if not isinstance(drafter, FeatureDrafter):
-            raise ValueError(f"drafter must be a FeatureDrafter (see ll.eagle.load_drafter), got {type(drafter).__name__}")
+            raise ValueError(f"drafter must be a FeatureDrafter (see ll.speculative.eagle.load_drafter), got {type(drafter).__name__}")
         if tree is not None:
             dynamic = isinstance(tree, dict) and set(tree) == {"top_k", "nodes"} and all(
                 isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in tree.values())

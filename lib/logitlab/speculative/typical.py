@@ -2,7 +2,7 @@
 
 Chapter 7 ("Typical acceptance") explains this module.
 
-Rejection sampling (``logitlab.speculative``) keeps the output distribution exactly the
+Rejection sampling (``logitlab.speculative.loop``) keeps the output distribution exactly the
 target's. Medusa (Cai et al., 2024) accepts a draft token ``d`` at a position instead whenever the
 target finds it *typical enough* there:
 
@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import torch
 
-from ._validate import check_generator, check_probs
-from .devices import exact_dtype
-from .probs import softmax
-from .sampling.draw import inverse_transform
-from .sampling.pipeline import process_logits
-from .speculative import AcceptanceRule, greedy_verify
-from .tree_verification import check_tree, deepest_path, greedy_tree
+from .._validate import check_generator, check_probs
+from ..devices import exact_dtype
+from ..probs import softmax
+from ..sampling.draw import inverse_transform
+from ..sampling.pipeline import process_logits
+from .acceptance import AcceptanceRule, greedy_verify
+from .tree_verify import check_tree, deepest_path, greedy_tree
 
 
 def _check_epsilon_delta(epsilon, delta):

@@ -11,10 +11,10 @@ products, no transformer layer at all.
 
 The output layer is SmolLM2's tied embedding, which the heads share (only the blocks are
 trained and shipped). As for the draft model of chapter 6, they score only the 2048 tokens the
-target uses most (``logitlab.drafters.SubsetHead``), which keeps a draft cheap.
+target uses most (``logitlab.speculative.subset_head.SubsetHead``), which keeps a draft cheap.
 
 Two ways to verify the guesses, both in the one loop of ``ll.speculative_generate`` with
-``ll.drafters.MedusaDrafter``:
+``ll.speculative.medusa.MedusaDrafter``:
 
 * as a **chain**: each head's top token (or a sample), and any acceptance rule of the loop
   applies (rejection sampling, greedy matching, typical acceptance);
@@ -22,7 +22,7 @@ Two ways to verify the guesses, both in the one loop of ``ll.speculative_generat
   tokens of head 1, each followed by the top ``b_2`` of head 2, and so on, all verified in one
   target pass with ``decoding.tree_shape``'s attention mask; the deepest accepted path wins. Greedy
   matching at temperature 0; above it, exact recursive rejection sampling over the siblings
-  (``logitlab.tree_verification``, chapter 9) or typical acceptance at each node.
+  (``logitlab.speculative.tree_verify``, chapter 9) or typical acceptance at each node.
 """
 
 from __future__ import annotations
@@ -31,13 +31,15 @@ from pathlib import Path
 
 import torch
 
-from ._validate import check_body_and_head
-from .drafters import MedusaDrafter, SubsetHead
-from .speculative import SpeculativeResult, speculative_generate
+from .._validate import check_body_and_head
+from .medusa import MedusaDrafter
+from .subset_head import SubsetHead
+from .loop import speculative_generate
+from .result import SpeculativeResult
 
 # Written by ``python -m logitlab.training.medusa``: the heads' blocks in float16 and the ids of the
 # tokens their output layer scores (the output layer itself is the target's embedding).
-PRETRAINED_HEADS = Path(__file__).parent / "data" / "medusa_smollm2_135m.safetensors"
+PRETRAINED_HEADS = Path(__file__).resolve().parents[1] / "data" / "medusa_smollm2_135m.safetensors"
 
 
 class ResBlock(torch.nn.Module):
@@ -114,7 +116,7 @@ def load_heads(target, path: str | Path | None = None) -> MedusaHeads:
 
 def _check_heads(heads, target):
     if not isinstance(heads, MedusaHeads):
-        raise ValueError(f"heads must be MedusaHeads (see logitlab.medusa.load_heads), got {type(heads).__name__}")
+        raise ValueError(f"heads must be MedusaHeads (see logitlab.speculative.medusa_heads.load_heads), got {type(heads).__name__}")
     if heads.vocab_size != target.lm_head.weight.shape[0]:
         raise ValueError(f"heads score a vocabulary of {heads.vocab_size} tokens, the target "
                          f"{target.lm_head.weight.shape[0]}: they must be built on the target's output layer")
@@ -127,7 +129,7 @@ def medusa_generate(target, heads: MedusaHeads, input_ids, *, branching=(3, 2, 1
                     temperature: float = 0.0, acceptance=None, eos_token_id=None, tokenizer=None,
                     generator: torch.Generator | None = None, constraint=None) -> SpeculativeResult:
     """Generate with Medusa heads, verifying a tree of their guesses per target call: the loop of
-    ``ll.speculative_generate`` with ``ll.drafters.MedusaDrafter(heads, tree=branching)``.
+    ``ll.speculative_generate`` with ``ll.speculative.medusa.MedusaDrafter(heads, tree=branching)``.
 
     ``branching`` = (b_1, b_2, ...): the top b_1 tokens of head 1, under each the top b_2 of head
     2, and so on (at most ``heads.num_heads`` levels). At temperature 0 a node is accepted when it

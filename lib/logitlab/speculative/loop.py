@@ -1,0 +1,309 @@
+"""Speculative sampling: a cheap drafter proposes, the target verifies, and nothing changes.
+
+Chapter 6 ("Speculative sampling") explains this module; the proof that the output
+distribution is exactly the target's is in the book's proofs page.
+
+One *call* of the loop:
+
+1. The drafter proposes ``gamma`` tokens ``d_1 .. d_gamma`` and the probabilities ``q_i`` it
+   drew them from (``logitlab.speculative.draft_model``).
+2. The target runs **once** on the last token and the ``gamma`` drafts, which gives its
+   distributions ``p_1 .. p_{gamma+1}`` at every drafted position and one more after them.
+3. ``verify`` accepts draft ``i`` with probability ``min(1, p_i(d_i) / q_i(d_i))``, left to
+   right, and stops at the first rejection. A rejected position gets a token drawn from the
+   *residual* ``max(0, p_i - q_i)`` (normalised); if all drafts are accepted, a *bonus* token
+   is drawn from ``p_{gamma+1}``. Each call therefore yields between 1 and ``gamma + 1`` tokens.
+
+``p`` is the target's distribution **after** temperature and truncation (the same processing
+``ll.generate`` applies): that is the distribution the output follows, exactly. The drafter's
+processing only affects how often drafts are accepted.
+
+The KV caches are rolled back to the accepted prefix without recomputation. Rows of a batch
+accept different numbers of tokens, so instead of cutting each row's cache at its own length
+(a cache is one tensor per layer, with one length for all rows), rejected positions stay in the
+cache but are masked out of attention, like left padding, and the position ids count only the
+positions that are kept. Whatever lies beyond the longest row is cropped.
+
+The theory (``acceptance_rate``, ``expected_tokens``, ``speedup``) is in ``theory``, the
+verification rules in ``verify``, what the loop returns in ``result``.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from .._validate import check_body_and_head, check_counts, check_generator, check_model, vocab_size
+from ..constrained.constraint import LookAhead, constraint_rows
+from ..decoding.cache import keep_in_block, roll_back
+from ..decoding.passes import forward, tree_forward
+from ..decoding.prompts import eos_ids, prompt_batch
+from ..decoding.tree_shape import depths, tree_attention_mask
+from ..devices import model_device, now
+from ..sampling.pipeline import SamplingConfig, target_probs
+from .drafter import DraftTree, check_drafter
+from .result import Outputs, SpeculativeResult
+from .theory import call_counts
+from .acceptance import AcceptanceRule, check_rule
+
+
+class _Target:
+    """The target's side of the loop: its KV cache and attention mask, one row per active
+    sequence, and the hidden states a drafter may read."""
+
+    def __init__(self, target, drafter):
+        self.model, self.drafter = target, drafter
+        self.hidden, self.layers = drafter.reads_hidden_state, drafter.feature_layers
+        if self.hidden:
+            check_body_and_head(target)
+
+    def prefill(self, ids, mask) -> torch.Tensor:
+        """The prompts' pass; returns the logits of the first new token ``[B, V]``."""
+        positions = (mask.cumsum(dim=-1) - 1).clamp_min(0)
+        step = forward(self.model, input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=1,
+                       hidden=self.hidden, layers=self.layers)
+        self.cache, self.mask = step.cache, mask
+        self.drafter.start(ids, mask, self.model, self.cache)
+        if self.hidden:
+            self.drafter.observe(step.hidden[:, -1])
+            self.drafter.observe_states(step.hidden, ids, mask)
+        return step.logits[:, -1]
+
+    def score(self, pending, drafts) -> torch.Tensor:
+        """One pass over the pending token and the drafts: the logits ``[B, g + 1, V]``."""
+        g = drafts.shape[1]
+        self.mask = torch.cat([self.mask, self.mask.new_ones(len(drafts), g + 1)], dim=1)
+        positions = (self.mask.cumsum(dim=-1) - 1)[:, -(g + 1):]
+        self.fed = torch.cat([pending[:, None], drafts], dim=1)
+        step = forward(self.model, input_ids=self.fed, attention_mask=self.mask, position_ids=positions,
+                       cache=self.cache, hidden=self.hidden, layers=self.layers)
+        self.cache, self.states = step.cache, step.hidden
+        return step.logits
+
+    def score_tree(self, tokens: torch.Tensor, rows: list[list[int]]) -> torch.Tensor:
+        """One pass over each row's tree (``tokens`` ``[B, n]``, the pending token as node 0, and
+        the rows' parents), each node seeing its ancestors only: the logits ``[B, n, V]``."""
+        device = tokens.device
+        shapes = {tuple(parents): (tree_attention_mask(parents), depths(parents)) for parents in map(tuple, rows)}
+        allowed = torch.stack([shapes[tuple(parents)][0] for parents in rows]).to(device)
+        depth = torch.tensor([shapes[tuple(parents)][1] for parents in rows], device=device)  # the root: 1
+        positions = self.mask.sum(dim=-1, keepdim=True) + depth - 1
+        step = tree_forward(self.model, self.cache, self.mask, allowed, positions, tokens, hidden=self.hidden,
+                            layers=self.layers)
+        self.mask = torch.cat([self.mask, self.mask.new_ones(tokens.shape)], dim=1)
+        self.cache, self.states, self.fed = step.cache, step.hidden, tokens
+        return step.logits
+
+    def keep_paths(self, fed: int, index: torch.Tensor, counts: torch.Tensor) -> None:
+        """After a tree pass over ``fed`` nodes, row b keeps ``index[b, :counts[b]]`` (its path,
+        root first): moved to the front of the block, the other nodes dropped."""
+        self.mask = keep_in_block(self.cache, self.mask, fed, index, counts)
+        if self.hidden:
+            self.show_drafter(index, counts)
+
+    def show_drafter(self, index: torch.Tensor, counts: torch.Tensor) -> None:
+        """Hand the drafter the states of the positions row b kept, ``index[b, :counts[b]]`` of the
+        last pass: the last one (``observe``: where the next token was predicted) and all of them."""
+        states = self.states.gather(1, index[..., None].expand(-1, -1, self.states.shape[-1]))
+        rows = torch.arange(len(counts), device=counts.device)
+        self.drafter.observe(states[rows, counts - 1])
+        kept = torch.arange(index.shape[1], device=counts.device)[None] < counts[:, None]
+        self.drafter.observe_states(states, self.fed.gather(1, index), kept.long())
+
+    def rollback(self, num: torch.Tensor, g: int) -> None:
+        """The cache holds the pending token and all g drafts: rejected drafts are masked out, like
+        left padding (rows keep different numbers), and cropped where no row keeps them."""
+        self.mask = roll_back(self.cache, self.mask, g, num)
+        if self.hidden:  # the pending token and the kept drafts: the first num + 1 positions
+            index = torch.arange(g + 1, device=num.device).expand(len(num), -1)
+            self.show_drafter(index, num + 1)
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        self.cache.batch_select_indices(keep)
+        self.mask = self.mask[keep]
+        self.drafter.select_rows(keep)
+
+
+@torch.inference_mode()
+def speculative_generate(
+    target,
+    drafter,
+    input_ids,
+    *,
+    gamma: int,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    typical_p: float | None = None,
+    acceptance: AcceptanceRule | None = None,
+    num_return_sequences: int = 1,
+    eos_token_id=None,
+    tokenizer=None,
+    attention_mask: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    constraint=None,
+) -> SpeculativeResult:
+    """Generate with speculative sampling: ``drafter`` proposes ``gamma`` tokens, ``target`` verifies.
+
+    ``drafter`` is a ``logitlab.speculative.drafter.Drafter``: ``ll.speculative.draft_model.DraftModelDrafter(model)`` for a
+    small language model with the target's tokenizer, or any other drafter of the book.
+    ``acceptance`` is the rule (default ``RejectionSampling()``, which at temperature 0 is greedy
+    matching). The output follows the target's distribution after temperature and truncation,
+    exactly, for any drafter. Prompts as in ``ll.generate``; rows of a batch advance independently.
+    ``constraint`` (a ``logitlab.Constraint``, or one per prompt) masks the target at every
+    position as ``ll.generate`` does, so the output follows the *masked* target exactly; drafters
+    that sample token by token (a draft model, EAGLE's chain) draft under the same mask. A tree's
+    nodes are each masked in the state after their own path (a forbidden node is rejected).
+    """
+    config = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p)
+    gamma = check_gamma(gamma)
+    max_new_tokens, _, n = check_counts(max_new_tokens, 0, num_return_sequences)
+    check_model(target, "target")
+    drafter = check_drafter(drafter, vocab_size(target))
+    acceptance = check_rule(acceptance)
+    eos = eos_ids(eos_token_id, target)
+    device = model_device(target)
+    check_generator(generator, device)
+    ids, mask = prompt_batch(input_ids, attention_mask, tokenizer, target)
+    constraints = constraint_rows(constraint, len(ids), n, max_new_tokens)
+    ids, mask = ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0)
+    began, out, side = now(device), Outputs(len(ids), eos, max_new_tokens), _Target(target, drafter)
+    stats = dict(model_calls=1, accepted=[], examined=[], drafted=[], draft_seconds=0.0, verify_seconds=0.0,
+                 step_seconds=[])
+
+    pending = _first_token(side, acceptance, ids, mask, config, generator, out, look_ahead(out, constraints))
+    active = list(range(len(ids)))
+    stats["prefill_seconds"] = now(device) - began
+    while True:
+        done = out.finished(active)
+        if any(done):
+            keep = [i for i, d in enumerate(done) if not d]
+            if not keep:
+                break
+            keep_t = torch.tensor(keep, device=device)
+            side.select_rows(keep_t)
+            active, pending = [active[i] for i in keep], pending[keep_t]
+        left = max(max_new_tokens - len(out.tokens[r]) for r in active)  # no more than any row needs
+        pending = _call(side, drafter, acceptance, pending, min(gamma, left), config, generator, out, active, stats,
+                        look_ahead(out, constraints, active))
+    prompts = [row[m.bool()] for row, m in zip(ids, mask)]
+    return out.result(prompts, [r // n for r in range(len(ids))], tokenizer, device, seconds=now(device) - began,
+                      drafter_steps=drafter.steps, **stats)
+
+
+def look_ahead(out: "Outputs", constraints, rows=None) -> LookAhead | None:
+    """Each row's automaton state after the tokens it has kept (None without a constraint)."""
+    if constraints is None:
+        return None
+    rows = range(len(out.tokens)) if rows is None else rows
+    states = []
+    for r in rows:
+        state = 0
+        for token in out.tokens[r] if constraints[r] is not None else ():
+            state = constraints[r].next_state(state, token)
+        states.append(state)
+    return LookAhead([constraints[r] for r in rows], states, [out.max_new_tokens - len(out.tokens[r]) for r in rows])
+
+
+def _first_token(side, acceptance, ids, mask, config, generator, out, look) -> torch.Tensor:
+    """The prefill: the first token is the target's choice after an empty prefix, exactly as in
+    ``ll.generate``. It is recorded in ``out`` and returned as every row's pending token."""
+    logits = side.prefill(ids, mask)
+    if look is not None:
+        logits = look.mask(logits)
+    pending = acceptance.first_token(logits, config, generator)
+    p = target_probs(logits[:, None], config)
+    out.add(list(range(len(ids))), pending[:, None], logits[:, None], p, [1] * len(ids))
+    return pending
+
+
+def _call(side, drafter, acceptance, pending, gamma, config, generator, out, active, stats, look) -> torch.Tensor:
+    """One call of the loop: draft, verify in one target pass, keep a prefix, roll back.
+    Returns each row's new pending token."""
+    device, before = pending.device, [len(out.tokens[r]) for r in active]
+    t0 = now(device)
+    drafter.constraint = None if look is None else look.copy()
+    proposal = drafter.propose(pending, gamma, config, generator)
+    t1 = now(device)
+    if isinstance(proposal, DraftTree):
+        num, nxt = _tree_call(side, acceptance, pending, proposal, config, generator, out, active, look)
+        g = proposal.depth
+    else:
+        drafts, q = proposal
+        logits = side.score(pending, drafts)  # [B, g + 1, V]
+        g = drafts.shape[1]
+        if look is not None:
+            logits = _masked_positions(look, logits, drafts)
+        p = target_probs(logits, config)
+        if g == 0:  # nothing proposed: the call gives the target's own token
+            num = torch.zeros(len(pending), dtype=torch.long, device=device)
+            nxt = acceptance.first_token(logits[:, 0], config, generator)
+        else:
+            num, nxt = acceptance(drafts, q, p, logits, config, generator)
+        # The kept drafts, then the next token at position num: what each row emits, num + 1 tokens.
+        emitted = torch.cat([drafts, nxt[:, None]], dim=1).scatter(1, num[:, None], nxt[:, None])
+        out.add(active, emitted, logits, p, (num + 1).tolist())
+        side.rollback(num, g)
+    drafter.rollback(num)
+    t2 = now(device)
+    stats["model_calls"] += 1
+    counts = [call_counts(n, k, g) for n, k in zip(num.tolist(), out.kept_since(active, before))]
+    stats["accepted"].append([a for a, _ in counts])
+    stats["examined"].append([e for _, e in counts])
+    stats["drafted"].append(g)
+    stats["draft_seconds"] += t1 - t0
+    stats["verify_seconds"] += t2 - t1
+    stats["step_seconds"].append(t2 - t0)
+    return nxt
+
+
+def _masked_positions(look, logits, drafts) -> torch.Tensor:
+    """The target's logits ``[B, g + 1, V]``, position i masked in the state after the first i
+    drafts (a draft the constraint forbids leaves only EOS after it, and is itself rejected)."""
+    masked = []
+    for i in range(logits.shape[1]):
+        if i > 0:
+            look.advance(drafts[:, i - 1])
+        masked.append(look.mask(logits[:, i]))
+    return torch.stack(masked, dim=1)
+
+
+def _tree_call(side, acceptance, pending, tree, config, generator, out, active, look):
+    """The verification of a ``DraftTree``: one target pass over every row's tree, each row's path
+    chosen by ``acceptance.tree``, the cache compacted to the paths. Returns ``(num, next)``.
+    Under a constraint (``look``), the target after each node is masked in the state after that
+    node's own path, as the chain masks each position: a node the constraint forbids has
+    probability 0 under its parent's ``p``, so it is always rejected."""
+    rows = tree.rows()
+    tokens = torch.cat([pending[:, None], tree.tokens], dim=1)  # [B, n + 1]: the root first
+    logits = side.score_tree(tokens, rows)  # [B, n + 1, V]: the target after each node
+    if look is not None:
+        logits = look.tree(tokens, rows).mask(logits.flatten(0, 1)).view_as(logits)
+    p = target_probs(logits, config)
+    q = None if tree.q is None else torch.cat([tree.q[:, :1], tree.q], dim=1)  # the root's row is not used
+    paths, nxt = [], []
+    for b, parents in enumerate(rows):
+        path, token = acceptance.tree(parents, tokens[b], None if q is None else q[b], None if p is None else p[b],
+                                      logits[b], config, generator)
+        paths.append(path)
+        nxt.append(token.reshape(()))
+    nxt, counts = torch.stack(nxt), torch.tensor([len(path) for path in paths], device=pending.device)
+    width = int(counts.max())
+    index = torch.tensor([path + [path[-1]] * (width - len(path)) for path in paths], device=pending.device)
+    # Each row emits its path's drafts and then the next token: len(path) tokens.
+    emitted = torch.cat([tokens.gather(1, index)[:, 1:], nxt[:, None]], dim=1).scatter(1, counts[:, None] - 1,
+                                                                                          nxt[:, None])
+    on_path = index[..., None].expand(-1, -1, logits.shape[-1])
+    out.add(active, emitted, logits.gather(1, on_path), None if p is None else p.gather(1, on_path), counts.tolist())
+    side.keep_paths(tokens.shape[1], index, counts)
+    return counts - 1, nxt
+
+
+def check_gamma(gamma) -> int:
+    """Tokens drafted per call: an integer >= 1 (numpy integers are fine)."""
+    if isinstance(gamma, bool) or not isinstance(gamma, numbers.Integral) or gamma < 1:
+        raise ValueError(f"gamma must be an integer >= 1 (tokens drafted per call), got {gamma!r}")
+    return int(gamma)

@@ -1,0 +1,115 @@
+"""What speculative sampling can gain, in theory (chapter 6).
+
+``acceptance_rate(p, q)`` is the chance a draft from ``q`` is kept by a target ``p``;
+``expected_tokens(alpha, gamma)`` how many tokens a call yields; ``speedup(alpha, gamma, c)`` what
+that is worth against plain decoding when a draft step costs ``c`` target steps; and the helpers
+that pool measured runs (``pooled_alpha``, ``examined_drafts``, ``loop_overhead``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._validate import check_probs
+from ..decoding.result import GenerationResult
+
+
+def acceptance_rate(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``sum_x min(p(x), q(x))``: the probability that a draft from ``q`` is accepted under ``p``.
+
+    It equals ``1 - TV(p, q)``. Shapes ``[..., V]`` give ``[...]``.
+    """
+    check_probs(p, "p")
+    check_probs(q, "q")
+    if p.shape != q.shape:
+        raise ValueError(f"p and q must have the same shape, got {tuple(p.shape)} and {tuple(q.shape)}")
+    return torch.minimum(p, q).sum(dim=-1)
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """Expected tokens per target call when each draft is accepted with probability ``alpha``,
+    independently: ``(1 - alpha ** (gamma + 1)) / (1 - alpha)`` (``gamma + 1`` at ``alpha = 1``)."""
+    alpha, gamma = _check_alpha_gamma(alpha, gamma)
+    if alpha == 1.0:
+        return float(gamma + 1)
+    return (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def speedup(alpha: float, gamma: int, c: float, verify_cost: float = 1.0, call_overhead: float = 0.0,
+            step_overhead: float = 0.0) -> float:
+    """Predicted speedup over plain decoding: tokens per call divided by the cost of a call.
+
+    A call costs ``gamma`` drafter steps (``c`` target steps each), one target pass over
+    ``gamma + 1`` tokens, which costs ``verify_cost`` target steps (1 in the textbook model,
+    more on a CPU, where scoring several tokens is not free), and ``call_overhead`` steps of the
+    loop's own work (choosing, accepting, trimming the cache). Plain decoding pays one pass and
+    ``step_overhead`` steps of its own loop per token. Both overheads are 0 in the textbook
+    model; :func:`loop_overhead` reads them from a run's recorded timings.
+    """
+    alpha, gamma = _check_alpha_gamma(alpha, gamma)
+    if isinstance(c, bool) or not isinstance(c, (int, float)) or not c >= 0:
+        raise ValueError(f"c (drafter step / target step) must be a number >= 0, got {c!r}")
+    if isinstance(verify_cost, bool) or not isinstance(verify_cost, (int, float)) or not verify_cost > 0:
+        raise ValueError(f"verify_cost must be a number > 0, got {verify_cost!r}")
+    for name, value in (("call_overhead", call_overhead), ("step_overhead", step_overhead)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise ValueError(f"{name} (the loop's own work, in target steps) must be a number >= 0, got {value!r}")
+    return expected_tokens(alpha, gamma) * (1 + step_overhead) / (gamma * c + verify_cost + call_overhead)
+
+
+def loop_overhead(result: GenerationResult, step: float, verify_cost, draft_step: float = 0.0) -> float:
+    """The loop's own time per target call, in target steps, read from a run's recorded timings:
+    what the cost model does not price. That is the run without its prefill, less every pass at
+    its measured cost (``step`` seconds for a decode step; ``verify_cost(n)``: a pass over n new
+    tokens, in steps) and less the drafter's steps at ``draft_step`` seconds each (its step
+    measured apart, c times ``step``), over its calls: choosing and accepting tokens, recording
+    log-probabilities, trimming caches, the drafter's own bookkeeping. For ``ll.generate``'s
+    result (no drafts) every call is one step over one token. A chain's call passes over its
+    drafts and the pending token; a tree's pass sizes are not in its result, so this reads chains
+    and plain decoding only. Negative values are possible: passes timed apart can run slower than
+    inside the loop."""
+    if isinstance(step, bool) or not isinstance(step, (int, float)) or not step > 0:
+        raise ValueError(f"step (seconds of a decode step) must be a number > 0, got {step!r}")
+    if isinstance(draft_step, bool) or not isinstance(draft_step, (int, float)) or not draft_step >= 0:
+        raise ValueError(f"draft_step (seconds of a drafter step) must be a number >= 0, got {draft_step!r}")
+    drafted = getattr(result, "drafted", None)
+    sizes = [g + 1 for g in drafted] if drafted is not None else [1] * len(result.step_seconds)
+    if not sizes:
+        raise ValueError("result must have made at least one call after its prefill")
+    drafting = max(getattr(result, "drafter_steps", 1) - 1, 0) * draft_step  # its prompt's pass is not a draft step
+    loop = result.seconds - result.prefill_seconds - drafting
+    return (loop / step - sum(verify_cost(n) for n in sizes)) / len(sizes)
+
+
+def _check_alpha_gamma(alpha, gamma):
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
+        raise ValueError(f"alpha must be a number in [0, 1], got {alpha!r}")
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
+    return float(alpha), gamma
+
+
+def pooled_alpha(results) -> float:
+    """The acceptance rate over several runs: all their drafts accepted / all drafts examined
+    (``SpeculativeResult.alpha`` pooled, so that runs with more calls weigh more)."""
+    accepted = sum(n for r in results for nums in r.accepted for n in nums)
+    return accepted / max(1, examined_drafts(results))
+
+
+def call_counts(num: int, kept: int, g: int) -> tuple[int, int]:
+    """``(accepted, examined)`` drafts of one row in one call that accepted ``num`` of its ``g``
+    drafts and whose output keeps ``kept`` of the tokens the call gave it. A call examines its
+    drafts up to the first rejection (all of them if none is rejected); when the output ends
+    inside the accepted drafts (an EOS, or ``max_new_tokens``), the drafts after the end count
+    neither as accepted nor as examined: the acceptance rate describes the text returned."""
+    if kept <= num:
+        return kept, kept
+    return num, min(num + 1, g)
+
+
+def examined_drafts(results) -> int:
+    """How many drafts the target examined over several runs: in each call and row, those it
+    accepted and the first it rejected (the drafts after a rejection are never looked at), as
+    the loop recorded them (:func:`call_counts`). The count behind :func:`pooled_alpha`, and
+    what its statistical uncertainty depends on."""
+    return sum(n for r in results for nums in r.examined for n in nums)
