@@ -11,7 +11,7 @@ from logitlab.constrained.index import build_index, fewest_tokens
 from logitlab.decoding.generate import find_stop
 from logitlab.speculative.pass_embeddings import single_call_layout
 from logitlab.constrained.regex import ByteNFA, determinize, utf8_ranges
-from logitlab.training.lookahead import training_layout
+from logitlab.speculative.pass_embeddings import training_layout
 from logitlab.speculative.tree_verify import after_rejection
 
 

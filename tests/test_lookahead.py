@@ -13,7 +13,8 @@ from logitlab.speculative.pass_embeddings import (LookaheadEmbeddings, load_look
 from logitlab.sampling.pipeline import SamplingConfig
 from logitlab.speculative.loop import speculative_generate
 from logitlab.training.data import generate_with_logits
-from logitlab.training.lookahead import lookahead_losses, rows_from_tokens, train_lookahead, training_layout
+from logitlab.training.lookahead import lookahead_losses, rows_from_tokens, train_lookahead
+from logitlab.speculative.pass_embeddings import training_layout
 from test_speculative import P_MIN, exact_llama_probs, tiny_llama
 
 

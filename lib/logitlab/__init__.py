@@ -15,24 +15,24 @@ chapter 11). ``course`` (the exercises' checks, the grader), ``figures`` (plots,
 
 import importlib
 
-# The book's parts, in its order (each module says which chapter explains it).
+# The book's parts (each module says which chapter explains it), and the names the chapters read.
 from . import constrained, decoding, devices, fast_cpu, sampling, search, speculative
-from .measure import conditioning, exactness, metrics, results, timing
-from .models import chat_ids, load, next_token_logits
-from .toy import toy_bigram, toy_model
-from .devices import device, generator
-from .probs import apply_temperature, entropy, kl, log_softmax, softmax, tv_distance
-from .sampling.draw import greedy, gumbel_max, sample
-from .sampling.pipeline import SamplingConfig, next_token
+from .constrained import Constraint
 from .decoding.generate import generate
 from .decoding.result import GenerationResult
 from .decoding.tree_shape import tree_attention_mask, tree_position_ids
+from .devices import device, generator
+from .measure import conditioning, exactness, metrics, results, timing
+from .models import chat_ids, load, next_token_logits
+from .probs import apply_temperature, entropy, kl, log_softmax, softmax, tv_distance
+from .sampling.draw import greedy, gumbel_max, sample
+from .sampling.pipeline import SamplingConfig, next_token
 from .search.beam import BeamSearchResult, beam_search
 from .search.best_of_n import BestOfN, best_of_n
 from .search.trees import TokenTree, gumbel_top_k, sample_tree, score_paths, score_tree
 from .speculative import SpeculativeResult, speculative_generate
 from .speculative.typical import TypicalAcceptance, typical_accept
-from .constrained import Constraint
+from .toy import toy_bigram, toy_model
 
 __version__ = "0.1.0"
 

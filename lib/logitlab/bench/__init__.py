@@ -63,15 +63,17 @@ path of ``ll.load``):
   temperature 1, each truncation row with the probability it removes per step.
 """
 
-from .decoders import bench_decoders
+from ..measure.table import Table, cpu_name
 from .basics import bench_generate, bench_load, bench_parallel, bench_sampling
+from .decoders import bench_decoders, removed_mass
 from .drafting import bench_draft_model, bench_eagle, bench_pass, bench_speculative, bench_typical, pass_calls
-from .prompts import DRAFT_PROMPTS, GROUNDED, OPEN_ENDED
+from .prompts import DRAFT_PROMPTS, GROUNDED, OPEN_ENDED, cached_prefix, chat
 from .run import main
 from .spec_bench import bench_spec_bench
-from ..measure.table import Table, cpu_name
 from .verification import bench_verification
 
-__all__ = ["DRAFT_PROMPTS", "GROUNDED", "OPEN_ENDED", "Table", "bench_decoders", "bench_draft_model", "bench_generate", "bench_load",
-           "bench_eagle", "bench_pass", "bench_parallel", "bench_sampling", "bench_spec_bench", "bench_speculative", "bench_typical", "bench_verification",
-           "cpu_name", "main", "pass_calls"]
+# The chapters take the bench's prompts and its removed-mass measure from here, as they are named.
+__all__ = ["DRAFT_PROMPTS", "GROUNDED", "OPEN_ENDED", "Table", "bench_decoders", "bench_draft_model", "bench_eagle",
+           "bench_generate", "bench_load", "bench_parallel", "bench_pass", "bench_sampling", "bench_spec_bench",
+           "bench_speculative", "bench_typical", "bench_verification", "cached_prefix", "chat", "cpu_name", "main",
+           "pass_calls", "removed_mass"]

@@ -7,14 +7,15 @@ import tempfile
 import torch
 
 from .. import models
-from ..search.beam import beam_search
-from ..devices import generator as seeded_generator
 from ..decoding.generate import generate
+from ..devices import generator as seeded_generator
+from ..measure.table import Table
+from ..measure.timing import forward_seconds, interleaved_median_times, median_time
 from ..sampling.draw import gumbel_max, sample
 from ..sampling.pipeline import SamplingConfig, next_token, process_logits
-from ..measure.timing import forward_seconds, interleaved_median_times, median_time
+from ..search.beam import beam_search
 from ..search.trees import sample_tree, score_paths, score_tree
-from ..measure.table import Table
+
 
 def bench_load(table: Table) -> None:
     with tempfile.TemporaryDirectory() as tmp:

@@ -9,12 +9,12 @@ from importlib.metadata import version
 import torch
 
 from ..constrained.constraint import Constraint, mask_rows
+from ..constrained.json_schema import to_regex
 from ..constrained.vocabulary import vocabulary_bytes
 from ..decoding.generate import generate
-from ..constrained.json_schema import to_regex
+from ..measure.table import Table
 from ..measure.timing import median_time
 from .prompts import chat
-from ..measure.table import Table
 
 # A typical structured-output request (four required fields, one a short array), and the same
 # with length bounds on its strings, which unroll into many more automaton states.

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import torch
 
+from ..decoding.generate import generate
+from ..measure.table import Table
+from ..sampling.pipeline import SamplingConfig, process_logits
 from ..search.beam import beam_search
 from ..search.best_of_n import best_of_n
-from ..decoding.generate import generate
-from ..sampling.pipeline import SamplingConfig, process_logits
 from .drafting import timed_runs
 from .prompts import DRAFT_PROMPTS, chat
-from ..measure.table import Table
 
 # One setting per truncation rule, the values the chapters use as their examples.
 TRUNCATIONS = {"top-k 50": dict(top_k=50), "top-p 0.9": dict(top_p=0.9), "min-p 0.1": dict(min_p=0.1),

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from ..devices import generator as seeded_generator
-from ..speculative.draft_model import DraftModelDrafter
 from ..decoding.generate import generate
+from ..devices import generator as seeded_generator
+from ..measure.table import Table
+from ..measure.timing import forward_seconds, interleaved_median_times
+from ..speculative.draft_model import DraftModelDrafter
 from ..speculative.loop import speculative_generate
 from ..speculative.theory import pooled_alpha
-from ..measure.timing import forward_seconds, interleaved_median_times
 from .costmodel import calibrate, predicted_speedups
 from .prompts import CALIBRATION, CALIBRATION_GROUNDED, DRAFT_PROMPTS, GROUNDED, OPEN_ENDED, cached_prefix, chat
-from ..measure.table import Table
 
 
 @torch.inference_mode()

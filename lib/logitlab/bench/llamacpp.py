@@ -9,9 +9,9 @@ import statistics
 import torch
 
 from ..devices import now
-from ..models import cache_dir, gguf_path
-from ..measure.timing import pass_times
 from ..measure.table import Table
+from ..measure.timing import pass_times
+from ..models import cache_dir, gguf_path
 
 INSTALL = "pip install llama-cpp-python (it compiles llama.cpp: about 15 minutes on two cores)"
 

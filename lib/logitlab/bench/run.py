@@ -9,12 +9,12 @@ from pathlib import Path
 import torch
 
 from .. import models
-from .constrained import bench_constrained
-from .decoders import bench_decoders
-from .basics import bench_generate, bench_load, bench_parallel, bench_sampling
-from .drafting import bench_draft_model, bench_eagle, bench_pass, bench_speculative, bench_typical
 from ..measure.table import Table, combine_runs, cpu_name
 from ..measure.timing import breakdown_table
+from .basics import bench_generate, bench_load, bench_parallel, bench_sampling
+from .constrained import bench_constrained
+from .decoders import bench_decoders
+from .drafting import bench_draft_model, bench_eagle, bench_pass, bench_speculative, bench_typical
 from .llamacpp import bench_llama_cpp
 from .prompts import cached_prefix
 from .spec_bench import bench_spec_bench

@@ -19,8 +19,8 @@ def shipped_drafters(model) -> dict:
     drafter and two PaSS look-ahead embeddings (k = 2)."""
     from ..speculative.draft_model import load_pretrained as load_draft
     from ..speculative.eagle import load_drafter
-    from ..speculative.pass_embeddings import load_pretrained as load_lookahead
     from ..speculative.medusa_heads import load_heads
+    from ..speculative.pass_embeddings import load_pretrained as load_lookahead
 
     return {"draft": load_draft(model), "medusa": load_heads(model), "eagle": load_drafter(model),
             "lookahead": load_lookahead(model, 2)}
@@ -34,9 +34,9 @@ def drafting_runs(model, drafters: dict, temperature: float, new_tokens: int) ->
     (prompt lookup, the draft model's chain, Medusa's tree, PaSS, EAGLE's chain and tree), all
     exact (rejection sampling, or greedy at T = 0)."""
     from ..speculative.draft_model import DraftModelDrafter
-    from ..speculative.prompt_lookup import PromptLookupDrafter
     from ..speculative.eagle import EagleDrafter
     from ..speculative.medusa_heads import medusa_generate
+    from ..speculative.prompt_lookup import PromptLookupDrafter
 
     common = dict(max_new_tokens=new_tokens, temperature=temperature, eos_token_id=[])
 

@@ -8,9 +8,9 @@ import statistics
 import torch
 
 from ..devices import model_device
+from ..measure.table import Table
 from ..measure.timing import forward_breakdown, pass_times_in_turn, read_bandwidth
 from .prompts import cached_prefix
-from ..measure.table import Table
 
 SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16)
 

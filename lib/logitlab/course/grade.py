@@ -589,7 +589,7 @@ def check_notebook(nb: dict, checks: list[str], scratch: Path, *, timeout: float
     from . import checks as library
 
     imports = set().union(*(_imported(statements) for statements, _, _ in code.values()))
-    imports |= {name.rsplit(".", 1)[0] for check in code for name in getattr(getattr(library, check, None), "asks_for", ())}
+    imports |= {f.__module__ for check in code for f in getattr(getattr(library, check, None), "asks_for", ())}
     sandbox = None
     try:
         for check, (statements, own, argument) in code.items():
@@ -658,11 +658,11 @@ def run_submission(path: Path, scratch: Path, timeout: float, memory_gb: float) 
     copy = scratch / "submission.ipynb"
     shutil.copy(path, copy)
     command = [sys.executable, "-m", "logitlab.course.grade", "--run-one", str(copy), "--cell-timeout", str(int(timeout))]
-    from ..models import cache_dir
-
     # HOME is the scratch folder too, so that a notebook's files in ~ land there; the model cache
     # stays the grader's, so that no notebook dequantises the model again.
     import matplotlib
+
+    from ..models import cache_dir
 
     env = {**os.environ, **OFFLINE, "HOME": str(scratch), "LOGITLAB_CACHE": str(cache_dir()),
            "MPLCONFIGDIR": matplotlib.get_configdir()}  # its font cache, not rebuilt per notebook

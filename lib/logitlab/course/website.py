@@ -31,6 +31,7 @@ import yaml
 
 from .assignments import make_student_notebook
 from .run import ROOT
+
 TEACHER_PAGE = "book/teaching"  # replaced by a note in the student edition
 ANSWER_PAGES = ["book/teachers_guide"]  # left out of the student edition (its rubrics are answers)
 STUDENT_NOTE = """# For teachers

@@ -120,7 +120,8 @@ def truncation_widget(logits: torch.Tensor, tokenizer, k: int = 30):
     """Pick a truncation rule and its setting, and the temperature: which of the ``k`` most
     likely tokens of ``logits [vocab]`` it keeps, and how much probability they hold. The
     setting slider takes the chosen rule's own units and range (``TRUNCATION_SETTINGS``)."""
-    from ..sampling import cutoffs, truncation as processors
+    from ..sampling import cutoffs
+    from ..sampling import truncation as processors
 
     check_row(logits)
     widgets, options = _controls()

@@ -36,9 +36,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .._validate import check_logits, check_processors
+from .._validate import check_counts, check_logits, check_model, check_processors
 from ..constrained.constraint import constraint_rows, mask_rows
-from .._validate import check_counts, check_model
 from ..decoding.passes import forward
 from ..decoding.prompts import eos_ids, prompt_batch
 from ..devices import model_device, now

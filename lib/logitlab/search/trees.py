@@ -29,8 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._validate import check_branching, check_generator, check_logits, check_parents
-from .._validate import check_model
+from .._validate import check_branching, check_generator, check_logits, check_model, check_parents
 from ..decoding.passes import masked_forward
 from ..decoding.prompts import one_prompt
 from ..decoding.tree_shape import ancestors, depths, leaves, tree_attention_mask, tree_position_ids

@@ -12,12 +12,24 @@
 The theory and the rules read as ``ll.speculative.speedup``, ``ll.speculative.verify``.
 """
 
-from . import (draft_model, drafter, eagle, medusa, medusa_heads, pass_embeddings, prompt_lookup, result, subset_head,
-               theory, tree_verify, typical)
+from . import (
+               draft_model,
+               drafter,
+               eagle,
+               medusa,
+               medusa_heads,
+               pass_embeddings,
+               prompt_lookup,
+               result,
+               subset_head,
+               theory,
+               tree_verify,
+               typical,
+)
+from .acceptance import AcceptanceRule, GreedyMatching, RejectionSampling, greedy_verify, verify
 from .loop import speculative_generate
 from .result import SpeculativeResult
 from .theory import acceptance_rate, examined_drafts, expected_tokens, loop_overhead, pooled_alpha, speedup
-from .acceptance import AcceptanceRule, GreedyMatching, RejectionSampling, greedy_verify, verify
 
 __all__ = ["AcceptanceRule", "GreedyMatching", "RejectionSampling", "SpeculativeResult", "acceptance_rate",
            "draft_model", "drafter", "eagle", "examined_drafts", "expected_tokens", "greedy_verify", "loop_overhead",

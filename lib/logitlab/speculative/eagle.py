@@ -39,11 +39,10 @@ from .. import fast_cpu
 from .._validate import check_body_and_head
 from ..decoding.cache import crop_cache
 from ..decoding.passes import forward, tree_forward
-from ..sampling.pipeline import draw
+from ..decoding.tree_shape import cartesian_tree
+from ..sampling.pipeline import draw, process_logits
 from .drafter import Drafter, DraftTree
 from .subset_head import SubsetHead
-from ..sampling.pipeline import process_logits
-from ..decoding.tree_shape import cartesian_tree
 
 # Written by ``python -m logitlab.training.eagle``: the layer, fc and norm in float16 and the ids
 # of the tokens the output layer scores (the embedding is the target's own).

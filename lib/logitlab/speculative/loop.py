@@ -42,10 +42,10 @@ from ..decoding.prompts import eos_ids, prompt_batch
 from ..decoding.tree_shape import depths, tree_attention_mask
 from ..devices import model_device, now
 from ..sampling.pipeline import SamplingConfig, target_probs
+from .acceptance import AcceptanceRule, check_rule
 from .drafter import DraftTree, check_drafter
 from .result import Outputs, SpeculativeResult
 from .theory import call_counts
-from .acceptance import AcceptanceRule, check_rule
 
 
 class _Target:

@@ -32,10 +32,10 @@ from pathlib import Path
 import torch
 
 from .._validate import check_body_and_head
-from .medusa import MedusaDrafter
-from .subset_head import SubsetHead
 from .loop import speculative_generate
+from .medusa import MedusaDrafter
 from .result import SpeculativeResult
+from .subset_head import SubsetHead
 
 # Written by ``python -m logitlab.training.medusa``: the heads' blocks in float16 and the ids of the
 # tokens their output layer scores (the output layer itself is the target's embedding).

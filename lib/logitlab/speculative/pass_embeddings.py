@@ -37,19 +37,17 @@ from pathlib import Path
 
 import torch
 
-from .._validate import check_generator
-from .._validate import check_body_and_head, check_counts
+from .._validate import check_body_and_head, check_counts, check_generator
 from ..decoding.cache import crop_cache
 from ..decoding.passes import forward, masked_forward
 from ..decoding.prompts import eos_ids, one_prompt
-from ..sampling.pipeline import draw, target_probs
+from ..decoding.tree_shape import tree_attention_mask, tree_position_ids
 from ..devices import model_device, now
+from ..sampling.pipeline import SamplingConfig, draw, target_probs
+from .acceptance import RejectionSampling
 from .drafter import Drafter
-from ..sampling.pipeline import SamplingConfig
 from .result import Outputs, SpeculativeResult
 from .theory import call_counts
-from .acceptance import RejectionSampling
-from ..decoding.tree_shape import tree_attention_mask, tree_position_ids
 
 # Written by ``python -m logitlab.training.lookahead``: 8 look-ahead embeddings for SmolLM2-135M.
 PRETRAINED_LOOKAHEAD = Path(__file__).resolve().parents[1] / "data" / "lookahead_smollm2_135m.safetensors"
@@ -200,6 +198,18 @@ def load_pretrained(model, k: int = 8) -> LookaheadEmbeddings:
 
 
 # --- The single-call variant -------------------------------------------------------------------
+
+
+def training_layout(length: int, starts: list[int], k: int) -> list[int]:
+    """Parents for training on one sequence of ``length`` tokens: the tokens as a chain, then a
+    chain of ``k`` look-ahead slots after each context end ``t`` in ``starts`` (slot 1's parent is
+    token t). One pass then trains every context in ``starts`` at once, each group seeing only
+    its own context, exactly as at generation time."""
+    parents = [-1] + list(range(length - 1))
+    for t in starts:
+        for i in range(k):
+            parents.append(t if i == 0 else len(parents) - 1)
+    return parents
 
 
 def single_call_layout(num_drafts: int, groups: dict[int, int]) -> list[int]:

@@ -34,9 +34,9 @@ from __future__ import annotations
 import torch
 
 from .._validate import check_generator, check_probs
+from ..decoding.tree_shape import ancestors, depths
 from ..devices import exact_dtype
 from ..sampling.draw import inverse_transform
-from ..decoding.tree_shape import ancestors, depths
 
 
 def children_lists(parents: list[int]) -> list[list[int]]:

@@ -41,8 +41,16 @@ import torch.nn.functional as F
 from ..decoding.passes import forward
 from ..devices import generator as seeded_generator
 from ..speculative.eagle import FeatureDrafter, save_drafter
-from .data import (cached, choose_vocabulary, load_or_make_data, machine, prompt_ids, split_held_out, steps_within,
-                   varied_prompts)
+from .data import (
+    cached,
+    choose_vocabulary,
+    load_or_make_data,
+    machine,
+    prompt_ids,
+    split_held_out,
+    steps_within,
+    varied_prompts,
+)
 
 
 @torch.inference_mode()

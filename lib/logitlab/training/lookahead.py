@@ -25,7 +25,7 @@ Why this design:
   read its keys and values; a set trained for k alone might be slightly better at small k.)
 * The loss is KL(target || slot) on the target's recorded top-64, for every slot, at ``groups``
   random contexts per row, all the slot groups scored in one pass with a tree mask
-  (``training_layout`` below). Gradients flow through the frozen model into the
+  (``pass_embeddings.training_layout``). Gradients flow through the frozen model into the
   ``8 x 576`` numbers. The rows run first without gradients, then the slots on their cache, so
   the backward pass runs through the slots only.
 """
@@ -43,23 +43,16 @@ import torch.nn.functional as F
 
 from .._validate import check_body_and_head
 from ..decoding.passes import additive_mask
-from ..speculative.pass_embeddings import (LookaheadEmbeddings, check_lookahead, load_lookahead, save_lookahead,
-    training_curve)
 from ..decoding.tree_shape import tree_attention_mask, tree_position_ids
+from ..speculative.pass_embeddings import (
+    LookaheadEmbeddings,
+    check_lookahead,
+    load_lookahead,
+    save_lookahead,
+    training_curve,
+    training_layout,
+)
 from .data import load_or_make_data, prompt_ids, split_held_out, varied_prompts
-
-
-def training_layout(length: int, starts: list[int], k: int) -> list[int]:
-    """Parents for training on one sequence of ``length`` tokens: the tokens as a chain, then a
-    chain of ``k`` look-ahead slots after each context end ``t`` in ``starts`` (slot 1's parent is
-    token t). One pass then trains every context in ``starts`` at once, each group seeing only
-    its own context, exactly as at generation time."""
-    parents = [-1] + list(range(length - 1))
-    for t in starts:
-        for i in range(k):
-            parents.append(t if i == 0 else len(parents) - 1)
-    return parents
-
 
 # Up to this many tokens of training rows, ``train_lookahead`` keeps every row's KV cache (about
 # 46 kB a token for SmolLM2-135M in float32: 1.5 GB) instead of recomputing it at every step.

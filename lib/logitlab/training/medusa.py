@@ -43,7 +43,15 @@ import torch
 import torch.nn.functional as F
 
 from ..speculative.medusa_heads import MedusaHeads, save_heads
-from .data import cached, choose_vocabulary, load_or_make_data, new_token_states, prompt_ids, split_held_out, varied_prompts
+from .data import (
+    cached,
+    choose_vocabulary,
+    load_or_make_data,
+    new_token_states,
+    prompt_ids,
+    split_held_out,
+    varied_prompts,
+)
 
 
 @torch.inference_mode()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...probs import softmax
+from ...sampling.draw import add_gumbel_noise, gumbel_max, sample
 from .common import CheckFailed, asks_for, call, call_unchanged, show
 
 
@@ -42,7 +43,7 @@ def _softmax_cases():
     )
 
 
-@asks_for("logitlab.probs.softmax")
+@asks_for(softmax)
 def check_softmax(fn) -> None:
     """Check ``fn(logits, temperature)`` against :func:`logitlab.softmax` (chapter 1)."""
     cases = list(_softmax_cases())
@@ -67,7 +68,7 @@ def check_softmax(fn) -> None:
     print(f"check_softmax: all {len(cases)} cases passed.")
 
 
-@asks_for("logitlab.sampling.draw.gumbel_max", "logitlab.sampling.draw.add_gumbel_noise", "logitlab.sampling.draw.sample")
+@asks_for(gumbel_max, add_gumbel_noise, sample)
 def check_gumbel_max(fn, samples: int = 40_000) -> None:
     """Check ``fn(logits, generator)`` samples like ``softmax(logits)`` (chapter 1).
 

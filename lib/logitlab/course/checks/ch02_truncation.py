@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ...sampling.truncation import top_k, top_p
 from .common import CheckFailed, asks_for, call_unchanged, show
 
 
@@ -42,10 +43,9 @@ def _kept(mask: torch.Tensor) -> str:
     return str(ids[0] if mask.dim() == 1 else ids)
 
 
-@asks_for("logitlab.sampling.truncation.top_k")
+@asks_for(top_k)
 def check_top_k(fn) -> None:
     """Check ``fn(logits, k)`` against :func:`logitlab.sampling.truncation.top_k` (chapter 2)."""
-    from ...sampling.truncation import top_k
 
     gen = torch.Generator(device="cpu").manual_seed(0)
     inf = float("-inf")
@@ -68,12 +68,11 @@ def check_top_k(fn) -> None:
     _check_truncation(fn, top_k, cases, "top-k", new_tensor=True)
 
 
-@asks_for("logitlab.sampling.truncation.top_p")
+@asks_for(top_p)
 def check_top_p(fn) -> None:
     """Check ``fn(logits, p)`` against :func:`logitlab.sampling.truncation.top_p` (chapter 2)."""
     import math
 
-    from ...sampling.truncation import top_p
 
     gen = torch.Generator(device="cpu").manual_seed(0)
     log = math.log

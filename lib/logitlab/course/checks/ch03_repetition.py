@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from ...decoding.generate import find_stop
+from ...sampling.penalties import frequency_penalty
 from .common import CheckFailed, asks_for, call, call_unchanged, show
 
 
@@ -44,11 +46,10 @@ def _frequency_cases():
     return cases
 
 
-@asks_for("logitlab.sampling.penalties.frequency_penalty")
+@asks_for(frequency_penalty)
 def check_frequency_penalty(fn) -> None:
     """Check ``fn(logits, prev_tokens, penalty)`` against
     :func:`logitlab.sampling.penalties.frequency_penalty` (chapter 3): the same logits, in a new tensor."""
-    from ...sampling.penalties import frequency_penalty
 
     cases = _frequency_cases()
     for number, (name, logits, prev_tokens, penalty, hint) in enumerate(cases, start=1):
@@ -118,11 +119,10 @@ def _stop_cases():
     return cases
 
 
-@asks_for("logitlab.decoding.generate.find_stop")
+@asks_for(find_stop)
 def check_stop_position(fn) -> None:
     """Check ``fn(pieces, stops)`` against :func:`logitlab.decoding.generate.find_stop` applied to
     ``"".join(pieces)`` (chapter 3)."""
-    from ...decoding.generate import find_stop
 
     cases = _stop_cases()
     for number, (name, pieces, stops, hint) in enumerate(cases, start=1):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ...search.beam import beam_search
 from .common import CheckFailed, asks_for, call, show
 
 
@@ -30,7 +31,7 @@ def _beam_step_cases():
         "num_beams of each row first (a row has only V).")
 
 
-@asks_for("logitlab.search.beam.beam_search")
+@asks_for(beam_search)
 def check_beam_step(fn) -> None:
     """Check ``fn(logprobs, beam_scores, num_beams) -> (scores, parents, tokens)`` (chapter 4)."""
     cases = list(_beam_step_cases())
@@ -54,10 +55,9 @@ def check_beam_step(fn) -> None:
     print(f"check_beam_step: all {len(cases)} cases passed.")
 
 
-@asks_for("logitlab.search.beam.beam_search")
+@asks_for(beam_search)
 def check_backtrack(fn) -> None:
     """Check ``fn(parents, tokens, beam)`` against the beams that ``ll.beam_search`` records (chapter 4)."""
-    from ...search.beam import beam_search
     from ...toy import toy_model
 
     cases = []

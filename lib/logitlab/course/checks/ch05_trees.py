@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ...decoding.tree_shape import ancestors, tree_attention_mask, tree_position_ids
 from .common import CheckFailed, asks_for, call, call_unchanged, show
 
 
@@ -36,7 +37,7 @@ def _tree_cases():
         yield f"a random tree of {n} nodes", parents, ancestors_only
 
 
-@asks_for("logitlab.decoding.tree_shape.tree_attention_mask", "logitlab.decoding.tree_shape.ancestors")
+@asks_for(tree_attention_mask, ancestors)
 def check_tree_mask(fn) -> None:
     """Check ``fn(parents)`` against :func:`logitlab.decoding.tree_shape.tree_attention_mask` (chapter 5).
 
@@ -44,7 +45,6 @@ def check_tree_mask(fn) -> None:
     answer is an ``[n, n]`` tensor, True (or 1) at ``[i, j]`` when node j is node i or one of
     its ancestors.
     """
-    from ...decoding.tree_shape import ancestors, tree_attention_mask
 
     cases = list(_tree_cases())
     for number, (name, parents, hint) in enumerate(cases, start=1):
@@ -77,10 +77,9 @@ def check_tree_mask(fn) -> None:
     print(f"check_tree_mask: all {len(cases)} cases passed.")
 
 
-@asks_for("logitlab.decoding.tree_shape.tree_position_ids")
+@asks_for(tree_position_ids)
 def check_tree_positions(fn) -> None:
     """Check ``fn(parents, offset)`` against :func:`logitlab.decoding.tree_shape.tree_position_ids` (chapter 5)."""
-    from ...decoding.tree_shape import tree_position_ids
 
     cases = [(name, parents, offset) for (name, parents, _) in _tree_cases() for offset in (0, 7)]
     for number, (name, parents, offset) in enumerate(cases, start=1):

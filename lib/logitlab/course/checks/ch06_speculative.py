@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from ...speculative.acceptance import verify
+from ...speculative.theory import expected_tokens, speedup
 from .common import CheckFailed, asks_for, call, show
 
 
@@ -71,7 +73,7 @@ def _check_same_seed(fn, q, p, calls: int = 100) -> None:
             "(torch.rand(..., generator=generator), torch.multinomial(..., generator=generator)).")
 
 
-@asks_for("logitlab.speculative.acceptance.verify")
+@asks_for(verify)
 def check_verify(fn, trials: int = 20_000) -> None:
     """Check ``fn(draft_tokens, q, p, generator) -> (num_accepted, next_token)`` for one sequence
     (chapter 6): hand cases first, then that the same seed gives the same answers, then a
@@ -114,7 +116,7 @@ def check_verify(fn, trials: int = 20_000) -> None:
           f"({trials} calls) passed.")
 
 
-@asks_for("logitlab.speculative.theory.expected_tokens", "logitlab.speculative.theory.speedup")
+@asks_for(expected_tokens, speedup)
 def check_expected_tokens(fn) -> None:
     """Check ``fn(alpha, gamma) -> float``, the expected tokens per target call (chapter 6)."""
     cases = [(0.0, 3, 1.0, "alpha = 0: every first draft is rejected, the call yields its one replacement token"),

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from ...speculative.typical import match_probability, typical_accept
 from .common import CheckFailed, asks_for, call
 
 
-@asks_for("logitlab.speculative.typical.match_probability")
+@asks_for(match_probability)
 def check_match_probability(fn) -> None:
     """Check ``fn(p) -> [...]``: the probability that two independent draws from ``p`` ``[..., V]``
     are the same token (chapter 7)."""
@@ -34,12 +35,11 @@ def check_match_probability(fn) -> None:
     print(f"check_match_probability: all {len(cases)} cases passed.")
 
 
-@asks_for("logitlab.speculative.typical.typical_accept")
+@asks_for(typical_accept)
 def check_typical_accept(fn) -> None:
     """Check ``fn(draft_tokens, p, epsilon, delta) -> num_accepted`` for one sequence (chapter 7)
     against :func:`logitlab.speculative.typical.typical_accept`: ``draft_tokens`` ``[g]``, ``p``
     ``[g, V]``."""
-    from ...speculative.typical import typical_accept
 
     sure, flat = [0.97, 0.01, 0.01, 0.01], [0.25, 0.25, 0.25, 0.25]
     cases = [("a sure target agrees, then a flat one: both pass", [0, 3], [sure, flat], 0.09, 0.3,

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import copy
 
+from ...speculative.pass_embeddings import single_call_layout, training_layout
 from .common import CheckFailed, as_list, asks_for, call
 
 
-@asks_for("logitlab.training.lookahead.training_layout")
+@asks_for(training_layout)
 def check_training_layout(fn) -> None:
     """Check ``fn(length, starts, k) -> parents`` (chapter 8) against
-    :func:`logitlab.training.lookahead.training_layout`: a sequence of ``length`` tokens as a chain, then
+    :func:`logitlab.speculative.pass_embeddings.training_layout`: a sequence of ``length`` tokens as a chain, then
     ``k`` look-ahead slots in a chain after each context end ``t`` in ``starts``."""
-    from ...training.lookahead import training_layout
 
     cases = [("one token, one slot", 1, [0], 1), ("the chapter's drawing", 5, [1, 3], 2),
              ("two groups after the same token", 4, [2, 2], 3), ("no groups", 3, [], 2),
@@ -25,12 +25,11 @@ def check_training_layout(fn) -> None:
                      "it.", "check_training_layout")
 
 
-@asks_for("logitlab.speculative.pass_embeddings.single_call_layout")
+@asks_for(single_call_layout)
 def check_single_call_layout(fn) -> None:
     """Check ``fn(num_drafts, groups) -> parents`` (chapter 8) against
     :func:`logitlab.speculative.pass_embeddings.single_call_layout`: the pending token, the drafts as a chain, then a
     chain of ``groups[j]`` slots after each prefix length ``j`` (in increasing order of j)."""
-    from ...speculative.pass_embeddings import single_call_layout
 
     cases = [("no drafts, three slots", 0, {0: 3}), ("two drafts, slots after every prefix", 2, {0: 2, 1: 2, 2: 2}),
              ("slots after the full prefix only", 3, {3: 2}), ("groups given out of order", 2, {2: 1, 0: 1}),

@@ -7,16 +7,17 @@ import copy
 
 import torch
 
+from ...speculative.eagle import rerank
+from ...speculative.tree_verify import after_rejection
 from .common import CheckFailed, as_list, asks_for, call, call_unchanged, show
 
 
-@asks_for("logitlab.speculative.eagle.rerank")
+@asks_for(rerank)
 def check_keep_best(fn) -> None:
     """Check ``fn(scores, parents, budget) -> (kept, new_parents)`` (chapter 9) against
     :func:`logitlab.speculative.eagle.rerank`: the ``budget`` candidates with the highest cumulative scores,
     as their indices in increasing order, and each kept node's parent renumbered among the kept
     ones (-1 for the root)."""
-    from ...speculative.eagle import rerank
 
     cases = [
         ("a chain", [-0.1, -0.5, -0.9], [-1, 0, 1], 2),
@@ -43,13 +44,12 @@ def check_keep_best(fn) -> None:
     print(f"check_keep_best: all {len(cases)} cases passed.")
 
 
-@asks_for("logitlab.speculative.tree_verify.after_rejection")
+@asks_for(after_rejection)
 def check_after_rejection(fn) -> None:
     """Check ``fn(r, token, q) -> left`` (chapter 9) against
     :func:`logitlab.speculative.tree_verify.after_rejection`: the target's distribution left for the next
     sibling after ``token``, drawn from ``q`` (``None``: chosen, a point mass), was rejected. Both
     are compared normalised, so ``fn`` may normalise or not."""
-    from ...speculative.tree_verify import after_rejection
 
     t = torch.tensor
     cases = [

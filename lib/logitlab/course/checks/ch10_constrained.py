@@ -8,17 +8,18 @@ import math
 
 import torch
 
+from ...constrained.index import build_index, fewest_tokens
+from ...constrained.regex import determinize, utf8_ranges
 from .common import CheckFailed, as_list, asks_for, call, call_unchanged
 
 
-@asks_for("logitlab.constrained.index.build_index")
+@asks_for(build_index)
 def check_allowed_tokens(fn) -> None:
     """Check ``fn(table, vocab, state) -> {token: next_state}`` (chapter 10) against
     :func:`logitlab.constrained.index.build_index`. ``table`` is a pruned byte automaton's move table
     as nested lists (``table[s][byte]``, -1 for no move), ``vocab`` the bytes of every token
     (``None`` for a special token): the tokens whose every byte has a move from ``state`` on,
     each with the state it ends in."""
-    from ...constrained.index import build_index
     from ...constrained.regex import compile_regex
 
     e_acute = "é".encode()
@@ -58,14 +59,13 @@ def check_allowed_tokens(fn) -> None:
     print(f"check_allowed_tokens: all {len(cases)} cases passed.")
 
 
-@asks_for("logitlab.constrained.index.fewest_tokens")
+@asks_for(fewest_tokens)
 def check_fewest_tokens(fn) -> None:
     """Check ``fn(moves, accepting) -> list`` (chapter 10) against
     :func:`logitlab.constrained.index.fewest_tokens`: ``moves[s]`` lists the states one token leads to
     from state ``s``, ``accepting[s]`` says whether ``s`` completes a match; the answer gives,
     for every state, the fewest tokens that reach an accepting state (0 if it is one), or
     ``None`` where none can be reached."""
-    from ...constrained.index import fewest_tokens
 
     cases = [
         ("a chain", [[1], [2], []], [False, False, True]),
@@ -96,14 +96,13 @@ def check_fewest_tokens(fn) -> None:
     print(f"check_fewest_tokens: all {len(cases)} cases passed.")
 
 
-@asks_for("logitlab.constrained.regex.utf8_ranges")
+@asks_for(utf8_ranges)
 def check_utf8_ranges(fn) -> None:
     """Check ``fn(lo, hi) -> [[(byte_lo, byte_hi), ...], ...]`` (chapter 10) against
     :func:`logitlab.constrained.regex.utf8_ranges`: the byte strings the sequences match (one
     byte from each range, in order) must be exactly the UTF-8 encodings of the code points
     ``lo..hi``, each matched once, in no more sequences than the library needs."""
 
-    from ...constrained.regex import utf8_ranges
 
     cases = [
         ("one code point", 0xE9, 0xE9),
@@ -162,7 +161,7 @@ def _matched_bytes(label: str, sequences, count: int) -> list[bytes]:
     return [bytes(s) for sequence in sequences for s in itertools.product(*(range(a, b + 1) for a, b in sequence))]
 
 
-@asks_for("logitlab.constrained.regex.determinize")
+@asks_for(determinize)
 def check_subset_construction(fn) -> None:
     """Check ``fn(symbols, moves, empty, start, accepting) -> (table, final)`` (chapter 10)
     against :func:`logitlab.constrained.regex.determinize`. The automaton has states ``0..n-1``;
@@ -170,7 +169,7 @@ def check_subset_construction(fn) -> None:
     ``empty[s]`` its empty moves; ``accepting`` is a list of states. The answer numbers its
     states from 0 (the start's closure), ``table[d][symbol]`` is the next state or -1 (the empty
     set), ``final[d]`` whether ``d`` accepts: one state per reachable non-empty set."""
-    from ...constrained.regex import ByteNFA, determinize
+    from ...constrained.regex import ByteNFA
 
     cases = [
         ("a then b", 2, [[(0, 1)], [(1, 2)], []], [[], [], []], 0, [2]),

@@ -7,12 +7,13 @@ import math
 
 import torch
 
+from ...probs import tv_distance
+from ...speculative.theory import expected_tokens, speedup
 from .common import CheckFailed, asks_for, call_unchanged, show
 
 
 def _reference_gamma(alpha: float, c: float, v: dict) -> int:
     """The gamma in 1..max(v) - 1 with the highest predicted speedup; the smallest on a tie."""
-    from ...speculative.theory import speedup
 
     gammas = range(1, max(v))
     scores = [speedup(alpha, g, c, v[g + 1]) for g in gammas]
@@ -20,7 +21,7 @@ def _reference_gamma(alpha: float, c: float, v: dict) -> int:
     return next(g for g, s in zip(gammas, scores) if s >= best * (1 - 1e-12))
 
 
-@asks_for("logitlab.speculative.theory.speedup", "logitlab.speculative.theory.expected_tokens")
+@asks_for(speedup, expected_tokens)
 def check_best_gamma(fn) -> None:
     """Check ``fn(alpha, c, v) -> int`` (chapter 11): the number of drafts per call, among
     1 .. max(v) - 1, that the cost model predicts to be fastest, where a call costs ``gamma * c``
@@ -65,12 +66,11 @@ def check_best_gamma(fn) -> None:
     print(f"check_best_gamma: all {len(cases)} cases passed.")
 
 
-@asks_for("logitlab.probs.tv_distance")
+@asks_for(tv_distance)
 def check_truncation_distance(fn) -> None:
     """Check ``fn(logits, kept_logits) -> tensor [...]`` (chapter 11): the total-variation distance,
     per row, between the softmax of ``logits`` and the softmax of ``kept_logits``, the same logits
     with the removed tokens at -inf."""
-    from ...probs import tv_distance
 
     gen = torch.Generator(device="cpu").manual_seed(11)
     wide = torch.randn(3, 50, generator=gen) * 2
