@@ -8,16 +8,49 @@ Each check takes the argument's ``name`` as the caller typed it (``scores`` in a
 processor, ``logits`` in a function), so that the message points at the caller's own code.
 Numbers may be any real number type, Python's or NumPy's (``np.float32(0.7)``, ``np.int64(50)``),
 and are returned as plain Python numbers; a bool is not a number here (``top_k=True`` is a bug).
+
+Validated once, at the public boundary. A check of a tensor's values reads a result back from the
+device, which on a GPU waits for all the work queued before it. A loop therefore checks what the
+model gives it once per step, in the same read as its own per-step question (``bad_logits``), and
+runs the rules it calls inside ``trusted()``, where ``check_logits`` and ``check_probs`` check
+types and shapes only. Called directly, every function checks everything.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import numbers
 
 import torch
 
 from .devices import exact_dtype
+
+
+_TRUSTED = contextvars.ContextVar("logitlab_trusted", default=False)
+
+
+@contextlib.contextmanager
+def trusted():
+    """Inside: the values of logits and probabilities are not checked again (see the module's
+    docstring); whoever enters it has checked them, or reads ``bad_logits`` before trusting a result."""
+    token = _TRUSTED.set(True)
+    try:
+        yield
+    finally:
+        _TRUSTED.reset(token)
+
+
+def checking_values() -> bool:
+    """False inside ``trusted()``: whether a check may read values back from the device."""
+    return not _TRUSTED.get()
+
+
+def bad_logits(logits: torch.Tensor) -> torch.Tensor:
+    """True (a 0-dim tensor, still on the device) where ``check_logits`` would refuse ``logits``:
+    a NaN or +inf anywhere, or a row of all -inf. A loop reads it with its own per-step flags."""
+    return (logits < float("inf")).all().logical_not() | (logits.amax(dim=-1) == float("-inf")).any()
 
 
 def check_number(value, name: str, allowed: str, ok) -> float:
@@ -59,6 +92,8 @@ def check_logits(logits, name: str = "logits") -> torch.Tensor:
         raise ValueError(f"{name} must be a floating-point tensor, got dtype {logits.dtype}")
     if logits.dim() < 1 or logits.shape[-1] == 0:
         raise ValueError(f"{name} must have a non-empty last (vocabulary) dimension, got shape {tuple(logits.shape)}")
+    if not checking_values():
+        return logits
     # One pass over the tensor in the common case: NaN and +inf both fail `< inf`.
     if not bool((logits < float("inf")).all()):
         if torch.isnan(logits).any():
@@ -103,6 +138,8 @@ def check_probs(p, name: str) -> torch.Tensor:
         raise ValueError(f"{name} must be a floating-point torch.Tensor of probabilities")
     if p.dim() < 1 or p.shape[-1] == 0:
         raise ValueError(f"{name} must have a non-empty last (vocabulary) dimension, got shape {tuple(p.shape)}")
+    if not checking_values():
+        return p
     if torch.isnan(p).any() or (p < 0).any() or (p > 1 + 1e-6).any():
         raise ValueError(f"{name} must hold probabilities in [0, 1] (no NaN)")
     sums = p.sum(dim=-1, dtype=exact_dtype(p.device))  # float64 where the device has it

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import torch
 
-from .._validate import check_counts, check_generator, check_model, check_processors
+from .._validate import (bad_logits, check_counts, check_generator, check_logits, check_model, check_processors,
+                         trusted)
 from ..constrained.constraint import advance_rows, constraint_rows, mask_rows
 from ..devices import model_device, now
 from ..sampling.pipeline import SamplingConfig, next_token
@@ -118,15 +119,16 @@ def _decode(model, state, cache, logits, config, generator, eos, min_new_tokens,
     eos_tensor = torch.tensor(eos, dtype=torch.long, device=device)
     for index in range(max_new_tokens):
         start = now(device)
-        allowed = logits
-        if index < min_new_tokens and eos:
-            allowed = logits.index_fill(-1, eos_tensor, float("-inf"))  # EOS impossible for now
-        if state.constraints:
-            allowed = state.constrain(allowed, max_new_tokens - index)
-        for processor in state.processors:
-            allowed = processor(state.tokens_so_far(), allowed)
-        tokens = state.choose(logits, allowed, config, generator)
-        all_done, keep = state.finish(tokens, eos_tensor, stops, tokenizer, last=index == max_new_tokens - 1)
+        with trusted():  # `allowed` is checked once, by `finish`, in the step's one read
+            allowed = logits
+            if index < min_new_tokens and eos:
+                allowed = logits.index_fill(-1, eos_tensor, float("-inf"))  # EOS impossible for now
+            if state.constraints:
+                allowed = state.constrain(allowed, max_new_tokens - index)
+            for processor in state.processors:
+                allowed = processor(state.tokens_so_far(), allowed)
+            tokens = state.choose(logits, allowed, config, generator)
+        all_done, keep = state.finish(tokens, allowed, eos_tensor, stops, tokenizer, last=index == max_new_tokens - 1)
         if all_done:
             state.step_seconds.append(now(device) - start)
             return
@@ -218,9 +220,10 @@ class _Rows:
         self.raw_lp = torch.cat([self.raw_lp, torch.zeros_like(self.raw_lp[:, :more])], dim=1)
         self.sampled_lp = torch.cat([self.sampled_lp, torch.zeros_like(self.sampled_lp[:, :more])], dim=1)
 
-    def finish(self, tokens, eos_tensor, stops, tokenizer, last: bool):
+    def finish(self, tokens, allowed, eos_tensor, stops, tokenizer, last: bool):
         """Which active rows end with this token (EOS or a stop string). Returns ``(all_done,
-        keep)``: ``keep`` holds the positions of the rows that go on, None when every row does."""
+        keep)``: ``keep`` holds the positions of the rows that go on, None when every row does.
+        ``allowed``, the logits the tokens were chosen from, is checked here, in the same read."""
         finished = torch.isin(tokens, eos_tensor)
         step = self.steps
         if stops:
@@ -232,7 +235,10 @@ class _Rows:
                 if cut >= 0 and not finished[i]:
                     self.lengths[row], self.reasons[row], self.texts[row] = step, "stop", text[:cut]
                     finished[i] = True
-        if not last and not bool(finished.any()):  # the one host sync of a common step
+        done, invalid = torch.stack([finished.any(), bad_logits(allowed)]).tolist()  # the step's one host read
+        if invalid:
+            check_logits(allowed)  # raises, saying what is wrong (NaN, +inf, a row of all -inf)
+        if not last and not done:
             return False, None
         for row in self.active[finished & torch.isin(tokens, eos_tensor)].tolist():
             self.lengths[row], self.reasons[row] = step, "eos"

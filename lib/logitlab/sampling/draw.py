@@ -69,13 +69,11 @@ def inverse_transform(cumulative: torch.Tensor, u: torch.Tensor) -> torch.Tensor
     A token of probability 0 has an empty interval, so it is never returned.
     """
     tokens = torch.searchsorted(cumulative, u, right=True).squeeze(-1)
-    past_end = tokens == cumulative.shape[-1]
-    if past_end.any():
-        # u equal to the total, which only rounding can produce: take the last token whose
-        # interval is not empty.
-        rows = cumulative[past_end]
-        tokens[past_end] = (rows < rows[..., -1:]).sum(dim=-1)
-    return tokens
+    # u equal to the total, which only rounding can produce, would fall past the end: such a row
+    # takes the last token whose interval is not empty. Every other row's token comes before it,
+    # so a minimum does this without asking the device which rows fell past the end.
+    last = (cumulative < cumulative[..., -1:]).sum(dim=-1)
+    return torch.minimum(tokens, last)
 
 
 def gumbel_max(

@@ -34,7 +34,8 @@ import numbers
 
 import torch
 
-from .._validate import check_body_and_head, check_counts, check_generator, check_model, vocab_size
+from .._validate import (bad_logits, check_body_and_head, check_counts, check_generator, check_logits, check_model,
+                         trusted, vocab_size)
 from ..constrained.constraint import LookAhead, constraint_rows
 from ..decoding.cache import keep_in_block, roll_back
 from ..decoding.passes import forward, tree_forward
@@ -187,8 +188,9 @@ def speculative_generate(
             side.select_rows(keep_t)
             active, pending = [active[i] for i in keep], pending[keep_t]
         left = max(max_new_tokens - len(out.tokens[r]) for r in active)  # no more than any row needs
-        pending = _call(side, drafter, acceptance, pending, min(gamma, left), config, generator, out, active, stats,
-                        look_ahead(out, constraints, active))
+        with trusted():  # the target's logits are checked once per call, in `_call`'s read of the counts
+            pending = _call(side, drafter, acceptance, pending, min(gamma, left), config, generator, out, active,
+                            stats, look_ahead(out, constraints, active))
     prompts = [row[m.bool()] for row, m in zip(ids, mask)]
     return out.result(prompts, [r // n for r in range(len(ids))], tokenizer, device, seconds=now(device) - began,
                       drafter_steps=drafter.steps, **stats)
@@ -243,14 +245,16 @@ def _call(side, drafter, acceptance, pending, gamma, config, generator, out, act
             nxt = acceptance.first_token(logits[:, 0], config, generator)
         else:
             num, nxt = acceptance(drafts, q, p, logits, config, generator)
+        kept = _read_kept(num, logits, q)
         # The kept drafts, then the next token at position num: what each row emits, num + 1 tokens.
         emitted = torch.cat([drafts, nxt[:, None]], dim=1).scatter(1, num[:, None], nxt[:, None])
-        out.add(active, emitted, logits, p, (num + 1).tolist())
+        out.add(active, emitted, logits, p, [k + 1 for k in kept])
         side.rollback(num, g)
     drafter.rollback(num)
     t2 = now(device)
     stats["model_calls"] += 1
-    counts = [call_counts(n, k, g) for n, k in zip(num.tolist(), out.kept_since(active, before))]
+    kept = num.tolist() if isinstance(proposal, DraftTree) else kept
+    counts = [call_counts(n, k, g) for n, k in zip(kept, out.kept_since(active, before))]
     stats["accepted"].append([a for a, _ in counts])
     stats["examined"].append([e for _, e in counts])
     stats["drafted"].append(g)
@@ -258,6 +262,18 @@ def _call(side, drafter, acceptance, pending, gamma, config, generator, out, act
     stats["verify_seconds"] += t2 - t1
     stats["step_seconds"].append(t2 - t0)
     return nxt
+
+
+def _read_kept(num, logits, q) -> list[int]:
+    """How many drafts each row keeps, read from the device together with whether the target's
+    logits (or the drafter's ``q``) hold what ``check_logits`` (``check_probs``) refuses: the call's
+    one read of its verification. The rules ran under ``trusted()``; here the check catches up."""
+    invalid = bad_logits(logits) if q is None else bad_logits(logits) | torch.isnan(q).any()
+    *kept, bad = torch.cat([num, invalid.long()[None]]).tolist()
+    if bad:
+        check_logits(logits, "the target's logits")  # raises, saying what is wrong
+        raise ValueError("q, the drafter's probabilities, contains NaN")
+    return kept
 
 
 def _masked_positions(look, logits, drafts) -> torch.Tensor:
@@ -280,6 +296,8 @@ def _tree_call(side, acceptance, pending, tree, config, generator, out, active, 
     rows = tree.rows()
     tokens = torch.cat([pending[:, None], tree.tokens], dim=1)  # [B, n + 1]: the root first
     logits = side.score_tree(tokens, rows)  # [B, n + 1, V]: the target after each node
+    if bool(bad_logits(logits)):  # the tree's rules below trust them
+        check_logits(logits, "the target's logits")
     if look is not None:
         logits = look.tree(tokens, rows).mask(logits.flatten(0, 1)).view_as(logits)
     p = target_probs(logits, config)

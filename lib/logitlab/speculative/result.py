@@ -90,7 +90,11 @@ class Outputs:
         raw logits there and ``p`` its processed probabilities (None at T = 0: log-prob 0)."""
         raw = token_logprobs(logits, tokens)
         sampled = torch.zeros_like(raw) if p is None else torch.log(p.gather(-1, tokens[..., None]).squeeze(-1))
-        for r, toks, lr, ls, c in zip(rows, tokens.tolist(), raw.tolist(), sampled.tolist(), counts):
+        # One read from the device for all three (a token id is exact in float32 up to 2**24).
+        dtype = torch.promote_types(raw.dtype, sampled.dtype)
+        toks, raw, sampled = torch.stack([tokens.to(dtype), raw.to(dtype), sampled.to(dtype)]).tolist()
+        for r, toks, lr, ls, c in zip(rows, toks, raw, sampled, counts):
+            toks = [int(t) for t in toks]
             self.tokens[r] += toks[:c]
             self.raw[r] += lr[:c]
             self.sampled[r] += ls[:c]

@@ -1,0 +1,98 @@
+"""Validated once: the loops read from the device only what they must.
+
+Every value a loop reads back (``Tensor.item``, ``tolist``, ``bool(tensor)``, ...) makes a GPU wait
+for all the work queued before it. ``ll.generate`` reads one value set per step (which rows
+finished, and whether the step's logits were valid) and one more for each rule that must ask the
+device a question of its own; a speculative call reads a few (how many drafts each row keeps, the
+caches' new lengths, the tokens). The reads are counted here on the CPU, where
+they are cheap, so that a change that adds one to every step fails. Reads made inside transformers
+(its attention-mask helper reads one per forward pass) are not the library's and are not counted.
+"""
+
+import collections
+import contextlib
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import logitlab as ll
+from logitlab.speculative.draft_model import DraftModelDrafter
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_speculative import tiny_llama  # noqa: E402
+
+LIB = str(Path(ll.__file__).parent)
+READS = ["item", "tolist", "__bool__", "__int__", "__float__", "__index__"]
+
+
+@contextlib.contextmanager
+def library_reads():
+    """Count the reads whose caller (the innermost frame outside torch) is the library's code."""
+    counts = collections.Counter()
+    saved = {name: getattr(torch.Tensor, name) for name in READS}
+
+    def counted(name, method):
+        def read(self, *args, **kwargs):
+            frame = sys._getframe(1)
+            while frame is not None and "/torch/" in frame.f_code.co_filename.replace("\\", "/"):
+                frame = frame.f_back
+            if frame is not None and frame.f_code.co_filename.startswith(LIB):
+                counts[f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}"] += 1
+            return method(self, *args, **kwargs)
+        return read
+
+    for name in READS:
+        setattr(torch.Tensor, name, counted(name, saved[name]))
+    try:
+        yield counts
+    finally:
+        for name in READS:
+            setattr(torch.Tensor, name, saved[name])
+
+
+TARGET, DRAFT = tiny_llama(2, 0, vocab=50), tiny_llama(1, 1, vocab=50)
+N = 30  # new tokens
+
+
+# Reads per step: the step's one (finished rows, valid logits), plus one for each rule that asks
+# the device a question of its own: a penalty whether it pushed a logit out of range, a
+# temperature below 1 whether it overflowed, top-k whether a tie keeps more than k tokens.
+@pytest.mark.parametrize("settings, per_step", [
+    (dict(temperature=0), 1), (dict(temperature=1.0), 1), (dict(temperature=1.0, top_p=0.9), 1),
+    (dict(temperature=0.7, top_k=10, repetition_penalty=1.2), 4)], ids=["greedy", "T=1", "top-p", "T=0.7 top-k penalty"])
+def test_generate_reads_one_value_set_per_step(settings, per_step):
+    with library_reads() as counts:
+        out = ll.generate(TARGET, [[1, 2, 3]], max_new_tokens=N, eos_token_id=[],
+                          generator=torch.Generator().manual_seed(0), **settings)
+    assert len(out.new_tokens[0]) == N
+    # per step, and a few for the prompt (its padding) before the first step
+    assert sum(counts.values()) <= per_step * N + 3, counts.most_common(5)
+
+
+@pytest.mark.parametrize("temperature", [0, 1.0], ids=["greedy", "T=1"])
+def test_a_speculative_call_reads_a_few_values(temperature):
+    with library_reads() as counts:
+        out = ll.speculative_generate(TARGET, DraftModelDrafter(DRAFT), [[1, 2, 3]], gamma=3, max_new_tokens=N,
+                                      eos_token_id=[], temperature=temperature,
+                                      generator=torch.Generator().manual_seed(0))
+    calls = out.model_calls - 1  # the prefill is not a call
+    # per call: the kept counts (with the logits' check), the tokens, the target's and the draft
+    # model's cache lengths, and whether the draft model has a token to catch up on
+    assert sum(counts.values()) <= 5 * calls + 12, counts.most_common(8)
+
+
+def test_the_counter_sees_the_library_validate_every_token_again(monkeypatch):
+    """The test has power: with the rules checking their logits again on every token (as they do
+    when called directly), the counts go over both bounds."""
+    import logitlab._validate as validate
+
+    monkeypatch.setattr(validate, "checking_values", lambda: True)
+    with library_reads() as counts:
+        ll.generate(TARGET, [[1, 2, 3]], max_new_tokens=N, eos_token_id=[], temperature=0)
+    assert sum(counts.values()) > N + 3
+    with library_reads() as counts:
+        out = ll.speculative_generate(TARGET, DraftModelDrafter(DRAFT), [[1, 2, 3]], gamma=3, max_new_tokens=N,
+                                      eos_token_id=[], temperature=1.0, generator=torch.Generator().manual_seed(0))
+    assert sum(counts.values()) > 5 * (out.model_calls - 1) + 12
