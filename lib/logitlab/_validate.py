@@ -27,7 +27,6 @@ import torch
 
 from .devices import exact_dtype
 
-
 _TRUSTED = contextvars.ContextVar("logitlab_trusted", default=False)
 
 

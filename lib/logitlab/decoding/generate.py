@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import torch
 
-from .._validate import (bad_logits, check_counts, check_generator, check_logits, check_model, check_processors,
-                         trusted)
+from .._validate import bad_logits, check_counts, check_generator, check_logits, check_model, check_processors, trusted
 from ..constrained.constraint import advance_rows, constraint_rows, mask_rows
 from ..devices import model_device, now
 from ..sampling.pipeline import SamplingConfig, next_token
-from .passes import forward
+from .passes import forward, prefill
 from .prompts import eos_ids, prompt_batch
 from .result import GenerationResult, decode_texts, token_logprobs
 
@@ -103,8 +102,7 @@ def generate(
 def _prefill(model, ids, mask, n: int, max_new_tokens: int):
     """1. One forward pass over the prompts (position ids skip the left padding), copied for
     ``n`` samples per prompt. Returns the rows' state, the KV cache and the next logits."""
-    positions = (mask.cumsum(dim=-1) - 1).clamp_min(0)
-    step = forward(model, input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=1)
+    step = prefill(model, ids, mask)
     cache, logits = step.cache, step.logits[:, -1]
     # N samples per prompt share the prefill: copy the cache and the logits, not the computation.
     if n > 1:

@@ -54,6 +54,20 @@ def forward(model, *, cache=None, input_ids=None, inputs_embeds=None, attention_
     return Pass(out.past_key_values, model.lm_head(scored).float(), fused)
 
 
+def mask_positions(mask: torch.Tensor, last: int | None = None) -> torch.Tensor:
+    """Each input's position id, from the attention mask: the number of real tokens before it, so
+    that left padding and masked-out drafts take no position. ``last``: the last columns only."""
+    positions = (mask.cumsum(dim=-1) - 1).clamp_min(0)
+    return positions if last is None else positions[:, -last:]
+
+
+def prefill(model, ids: torch.Tensor, mask: torch.Tensor, **kwargs) -> Pass:
+    """The prompts' pass, which every loop starts with: positions that skip the left padding, and
+    the logits of the last position only (the first new token's). ``kwargs`` go to ``forward``."""
+    return forward(model, input_ids=ids, attention_mask=mask, position_ids=mask_positions(mask), logits_to_keep=1,
+                   **kwargs)
+
+
 def masked_forward(model, cache, allowed: torch.Tensor, positions: torch.Tensor, *, input_ids=None,
                    inputs_embeds=None, hidden: bool = False, scores: bool = True) -> Pass:
     """One pass over ``n`` new inputs of one sequence (``input_ids [n]`` or ``inputs_embeds [n, d]``)

@@ -38,7 +38,7 @@ import torch
 
 from .._validate import check_counts, check_logits, check_model, check_processors
 from ..constrained.constraint import constraint_rows, mask_rows
-from ..decoding.passes import forward
+from ..decoding.passes import forward, prefill
 from ..decoding.prompts import eos_ids, prompt_batch
 from ..devices import model_device, now
 
@@ -131,8 +131,7 @@ def beam_search(
 
     # Prefill each prompt once, then give each of its beams a copy of the cache.
     start = now(device)
-    positions = (mask.cumsum(dim=-1) - 1).clamp_min(0)
-    step = forward(model, input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=1)
+    step = prefill(model, ids, mask)
     cache = step.cache
     cache.batch_repeat_interleave(nb)
     logits = step.logits[:, -1].repeat_interleave(nb, dim=0)  # [batch * nb, vocab]

@@ -29,7 +29,7 @@ import torch
 
 from .. import fast_cpu
 from ..decoding.cache import roll_back
-from ..decoding.passes import forward
+from ..decoding.passes import forward, mask_positions, prefill
 from ..sampling.pipeline import draw
 from .drafter import Drafter
 from .subset_head import SubsetHead
@@ -46,9 +46,7 @@ class DraftModelDrafter(Drafter):
 
     @torch.inference_mode()
     def start(self, input_ids, attention_mask, target=None, cache=None) -> None:
-        positions = (attention_mask.cumsum(dim=-1) - 1).clamp_min(0)
-        step = forward(self.model, input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                       logits_to_keep=1)
+        step = prefill(self.model, input_ids, attention_mask)
         self.cache, self.mask = step.cache, attention_mask
         # A proposal that was accepted but never fed to the draft model (the last of a fully
         # accepted draft): it must go in before the next token. -1: none.
@@ -76,7 +74,7 @@ class DraftModelDrafter(Drafter):
 
     def _forward(self, feed, new_mask):
         self.mask = torch.cat([self.mask, new_mask], dim=1)
-        positions = (self.mask.cumsum(dim=-1) - 1).clamp_min(0)[:, -feed.shape[1]:]
+        positions = mask_positions(self.mask, last=feed.shape[1])
         step = forward(self.model, input_ids=feed, attention_mask=self.mask, position_ids=positions,
                        cache=self.cache, logits_to_keep=1)
         self.cache = step.cache

@@ -38,7 +38,7 @@ import torch
 from .. import fast_cpu
 from .._validate import check_body_and_head
 from ..decoding.cache import crop_cache
-from ..decoding.passes import forward, tree_forward
+from ..decoding.passes import forward, mask_positions, tree_forward
 from ..decoding.tree_shape import cartesian_tree
 from ..sampling.pipeline import draw, process_logits
 from .drafter import Drafter, DraftTree
@@ -211,7 +211,7 @@ class EagleDrafter(Drafter):
     def feed(self, features, tokens, new_mask) -> torch.Tensor:
         """Run the layer on new entries after the cache (``new_mask``: which are real)."""
         self.mask = torch.cat([self.mask, new_mask.to(self.mask.dtype)], dim=1)
-        positions = (self.mask.cumsum(dim=-1) - 1).clamp_min(0)[:, -features.shape[1]:]
+        positions = mask_positions(self.mask, last=features.shape[1])
         out, self.cache = self.drafter(features, tokens, self.mask, positions, self.cache)
         self.steps += 1
         return out

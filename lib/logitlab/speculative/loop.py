@@ -34,11 +34,19 @@ import numbers
 
 import torch
 
-from .._validate import (bad_logits, check_body_and_head, check_counts, check_generator, check_logits, check_model,
-                         trusted, vocab_size)
+from .._validate import (
+    bad_logits,
+    check_body_and_head,
+    check_counts,
+    check_generator,
+    check_logits,
+    check_model,
+    trusted,
+    vocab_size,
+)
 from ..constrained.constraint import LookAhead, constraint_rows
 from ..decoding.cache import keep_in_block, roll_back
-from ..decoding.passes import forward, tree_forward
+from ..decoding.passes import forward, mask_positions, prefill, tree_forward
 from ..decoding.prompts import eos_ids, prompt_batch
 from ..decoding.tree_shape import depths, tree_attention_mask
 from ..devices import model_device, now
@@ -61,9 +69,7 @@ class _Target:
 
     def prefill(self, ids, mask) -> torch.Tensor:
         """The prompts' pass; returns the logits of the first new token ``[B, V]``."""
-        positions = (mask.cumsum(dim=-1) - 1).clamp_min(0)
-        step = forward(self.model, input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=1,
-                       hidden=self.hidden, layers=self.layers)
+        step = prefill(self.model, ids, mask, hidden=self.hidden, layers=self.layers)
         self.cache, self.mask = step.cache, mask
         self.drafter.start(ids, mask, self.model, self.cache)
         if self.hidden:
@@ -75,7 +81,7 @@ class _Target:
         """One pass over the pending token and the drafts: the logits ``[B, g + 1, V]``."""
         g = drafts.shape[1]
         self.mask = torch.cat([self.mask, self.mask.new_ones(len(drafts), g + 1)], dim=1)
-        positions = (self.mask.cumsum(dim=-1) - 1)[:, -(g + 1):]
+        positions = mask_positions(self.mask, last=g + 1)
         self.fed = torch.cat([pending[:, None], drafts], dim=1)
         step = forward(self.model, input_ids=self.fed, attention_mask=self.mask, position_ids=positions,
                        cache=self.cache, hidden=self.hidden, layers=self.layers)

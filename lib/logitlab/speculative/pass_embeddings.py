@@ -39,7 +39,7 @@ import torch
 
 from .._validate import check_body_and_head, check_counts, check_generator
 from ..decoding.cache import crop_cache
-from ..decoding.passes import forward, masked_forward
+from ..decoding.passes import forward, mask_positions, masked_forward
 from ..decoding.prompts import eos_ids, one_prompt
 from ..decoding.tree_shape import tree_attention_mask, tree_position_ids
 from ..devices import model_device, now
@@ -117,7 +117,7 @@ class LookaheadEmbeddings(torch.nn.Module, Drafter):
         embeds = self.model.model.embed_tokens(feed)
         looks = self.inputs(g - 1)[None].expand(len(feed), -1, -1)
         mask = torch.cat([self.mask, new_mask, new_mask.new_ones(len(feed), g - 1)], dim=1)
-        positions = (mask.cumsum(dim=-1) - 1).clamp_min(0)[:, -(width + g - 1):]
+        positions = mask_positions(mask, last=width + g - 1)
         step = forward(self.model, inputs_embeds=torch.cat([embeds, looks], dim=1), attention_mask=mask,
                        position_ids=positions, cache=self.cache, logits_to_keep=g)
         self.steps += 1

@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from ..decoding.passes import mask_positions
 from ..devices import generator as seeded_generator
 from ..devices import model_device
 from ..fast_cpu import cpu_info
@@ -130,7 +131,7 @@ def generate_with_logits(model, prompts: list[list[int]], temps: list[float], ma
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     t = torch.tensor(temps, dtype=torch.float32, device=device)[:, None]
-    pos = (mask.cumsum(-1) - 1).clamp_min(0)
+    pos = mask_positions(mask)
     out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
     cache, new, topv, topi = out.past_key_values, [], [], []
     stops = None if not stop_ids else torch.tensor(sorted(stop_ids), device=device)
