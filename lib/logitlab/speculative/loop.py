@@ -31,6 +31,7 @@ verification rules in ``verify``, what the loop returns in ``result``.
 from __future__ import annotations
 
 import numbers
+from dataclasses import dataclass
 
 import torch
 
@@ -52,8 +53,8 @@ from ..decoding.tree_shape import depths, tree_attention_mask
 from ..devices import model_device, now
 from ..sampling.pipeline import SamplingConfig, target_probs
 from .acceptance import AcceptanceRule, check_rule
-from .drafter import DraftTree, check_drafter
-from .result import Outputs, SpeculativeResult
+from .drafter import Drafter, DraftTree, check_drafter
+from .result import CallLog, Outputs, SpeculativeResult
 from .theory import call_counts
 
 
@@ -177,13 +178,11 @@ def speculative_generate(
     ids, mask = prompt_batch(input_ids, attention_mask, tokenizer, target)
     constraints = constraint_rows(constraint, len(ids), n, max_new_tokens)
     ids, mask = ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0)
-    began, out, side = now(device), Outputs(len(ids), eos, max_new_tokens), _Target(target, drafter)
-    stats = dict(model_calls=1, accepted=[], examined=[], drafted=[], draft_seconds=0.0, verify_seconds=0.0,
-                 step_seconds=[])
-
-    pending = _first_token(side, acceptance, ids, mask, config, generator, out, look_ahead(out, constraints))
+    began, out = now(device), Outputs(len(ids), eos, max_new_tokens)
+    run = _Run(_Target(target, drafter), drafter, acceptance, config, generator, out, CallLog())
+    pending = _first_token(run, ids, mask, look_ahead(out, constraints))
     active = list(range(len(ids)))
-    stats["prefill_seconds"] = now(device) - began
+    run.log.prefill_seconds = now(device) - began
     while True:
         done = out.finished(active)
         if any(done):
@@ -191,15 +190,14 @@ def speculative_generate(
             if not keep:
                 break
             keep_t = torch.tensor(keep, device=device)
-            side.select_rows(keep_t)
+            run.side.select_rows(keep_t)
             active, pending = [active[i] for i in keep], pending[keep_t]
         left = max(max_new_tokens - len(out.tokens[r]) for r in active)  # no more than any row needs
         with trusted():  # the target's logits are checked once per call, in `_call`'s read of the counts
-            pending = _call(side, drafter, acceptance, pending, min(gamma, left), config, generator, out, active,
-                            stats, look_ahead(out, constraints, active))
+            pending = _call(run, pending, min(gamma, left), active, look_ahead(out, constraints, active))
     prompts = [row[m.bool()] for row, m in zip(ids, mask)]
-    return out.result(prompts, [r // n for r in range(len(ids))], tokenizer, device, seconds=now(device) - began,
-                      drafter_steps=drafter.steps, **stats)
+    return out.result(prompts, [r // n for r in range(len(ids))], tokenizer, device, run.log,
+                      seconds=now(device) - began, drafter_steps=drafter.steps)
 
 
 def look_ahead(out: "Outputs", constraints, rows=None) -> LookAhead | None:
@@ -216,28 +214,43 @@ def look_ahead(out: "Outputs", constraints, rows=None) -> LookAhead | None:
     return LookAhead([constraints[r] for r in rows], states, [out.max_new_tokens - len(out.tokens[r]) for r in rows])
 
 
-def _first_token(side, acceptance, ids, mask, config, generator, out, look) -> torch.Tensor:
+@dataclass
+class _Run:
+    """What every call of one ``speculative_generate`` shares."""
+
+    side: _Target
+    drafter: Drafter
+    acceptance: AcceptanceRule
+    config: SamplingConfig
+    generator: torch.Generator | None
+    out: Outputs
+    log: CallLog
+
+
+def _first_token(run, ids, mask, look) -> torch.Tensor:
     """The prefill: the first token is the target's choice after an empty prefix, exactly as in
     ``ll.generate``. It is recorded in ``out`` and returned as every row's pending token."""
-    logits = side.prefill(ids, mask)
+    logits = run.side.prefill(ids, mask)
     if look is not None:
         logits = look.mask(logits)
-    pending = acceptance.first_token(logits, config, generator)
-    p = target_probs(logits[:, None], config)
-    out.add(list(range(len(ids))), pending[:, None], logits[:, None], p, [1] * len(ids))
+    pending = run.acceptance.first_token(logits, run.config, run.generator)
+    p = target_probs(logits[:, None], run.config)
+    run.out.add(list(range(len(ids))), pending[:, None], logits[:, None], p, [1] * len(ids))
     return pending
 
 
-def _call(side, drafter, acceptance, pending, gamma, config, generator, out, active, stats, look) -> torch.Tensor:
+def _call(run, pending, gamma, active, look) -> torch.Tensor:
     """One call of the loop: draft, verify in one target pass, keep a prefix, roll back.
     Returns each row's new pending token."""
+    side, drafter, acceptance, config, generator, out = (run.side, run.drafter, run.acceptance, run.config,
+                                                          run.generator, run.out)
     device, before = pending.device, [len(out.tokens[r]) for r in active]
     t0 = now(device)
     drafter.constraint = None if look is None else look.copy()
     proposal = drafter.propose(pending, gamma, config, generator)
     t1 = now(device)
     if isinstance(proposal, DraftTree):
-        num, nxt = _tree_call(side, acceptance, pending, proposal, config, generator, out, active, look)
+        num, nxt = _tree_call(run, pending, proposal, active, look)
         g = proposal.depth
     else:
         drafts, q = proposal
@@ -258,15 +271,8 @@ def _call(side, drafter, acceptance, pending, gamma, config, generator, out, act
         side.rollback(num, g)
     drafter.rollback(num)
     t2 = now(device)
-    stats["model_calls"] += 1
     kept = num.tolist() if isinstance(proposal, DraftTree) else kept
-    counts = [call_counts(n, k, g) for n, k in zip(kept, out.kept_since(active, before))]
-    stats["accepted"].append([a for a, _ in counts])
-    stats["examined"].append([e for _, e in counts])
-    stats["drafted"].append(g)
-    stats["draft_seconds"] += t1 - t0
-    stats["verify_seconds"] += t2 - t1
-    stats["step_seconds"].append(t2 - t0)
+    run.log.record([call_counts(n, k, g) for n, k in zip(kept, out.kept_since(active, before))], g, t0, t1, t2)
     return nxt
 
 
@@ -293,12 +299,13 @@ def _masked_positions(look, logits, drafts) -> torch.Tensor:
     return torch.stack(masked, dim=1)
 
 
-def _tree_call(side, acceptance, pending, tree, config, generator, out, active, look):
+def _tree_call(run, pending, tree, active, look):
     """The verification of a ``DraftTree``: one target pass over every row's tree, each row's path
     chosen by ``acceptance.tree``, the cache compacted to the paths. Returns ``(num, next)``.
     Under a constraint (``look``), the target after each node is masked in the state after that
     node's own path, as the chain masks each position: a node the constraint forbids has
     probability 0 under its parent's ``p``, so it is always rejected."""
+    side, acceptance, config, generator, out = run.side, run.acceptance, run.config, run.generator, run.out
     rows = tree.rows()
     tokens = torch.cat([pending[:, None], tree.tokens], dim=1)  # [B, n + 1]: the root first
     logits = side.score_tree(tokens, rows)  # [B, n + 1, V]: the target after each node

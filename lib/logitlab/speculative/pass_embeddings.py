@@ -46,7 +46,7 @@ from ..devices import model_device, now
 from ..sampling.pipeline import SamplingConfig, draw, target_probs
 from .acceptance import RejectionSampling
 from .drafter import Drafter
-from .result import Outputs, SpeculativeResult
+from .result import CallLog, Outputs, SpeculativeResult
 from .theory import call_counts
 
 # Written by ``python -m logitlab.training.lookahead``: 8 look-ahead embeddings for SmolLM2-135M.
@@ -266,20 +266,13 @@ def pass_generate(target, lookahead: LookaheadEmbeddings, input_ids, *, max_new_
     began, out = now(device), Outputs(1, eos, max_new_tokens)
     state = _SingleCall(target, lookahead, config, generator, prefixes)
     state.prefill(ids, min(lookahead.k, max_new_tokens - 1), out)
-    stats = dict(model_calls=1, accepted=[], examined=[], drafted=[], verify_seconds=0.0, step_seconds=[],
-                 prefill_seconds=now(device) - began)
+    log = CallLog(prefill_seconds=now(device) - began)
     while not out.finished([0])[0]:
         t0, before = now(device), len(out.tokens[0])
         num, m = state.call(max_new_tokens - before, out)
-        seconds = now(device) - t0
-        stats["model_calls"] += 1
-        accepted, examined = call_counts(num, out.kept_since([0], [before])[0], m)
-        stats["accepted"].append([accepted])
-        stats["examined"].append([examined])
-        stats["drafted"].append(m)
-        stats["verify_seconds"] += seconds
-        stats["step_seconds"].append(seconds)
-    return out.result([ids[0]], [0], tokenizer, device, seconds=now(device) - began, **stats)
+        end = now(device)  # one pass drafts and verifies: its time counts as verification
+        log.record([call_counts(num, out.kept_since([0], [before])[0], m)], m, t0, t0, end)
+    return out.result([ids[0]], [0], tokenizer, device, log, seconds=now(device) - began)
 
 
 class _SingleCall:

@@ -76,6 +76,32 @@ class SpeculativeResult(GenerationResult):
         return kept / reached.clamp_min(1)
 
 
+@dataclass
+class CallLog:
+    """What a speculative loop records of its calls, for its ``SpeculativeResult``: kept apart from
+    the algorithm, which only hands each call's counts and clock readings to ``record``."""
+
+    model_calls: int = 1  # the prefill
+    prefill_seconds: float = 0.0
+    accepted: list = field(default_factory=list)
+    examined: list = field(default_factory=list)
+    drafted: list = field(default_factory=list)
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    step_seconds: list = field(default_factory=list)
+
+    def record(self, counts: list[tuple[int, int]], drafted: int, start: float, drafted_at: float, end: float):
+        """One call: each row's ``(accepted, examined)`` (``theory.call_counts``), the drafts it
+        proposed per row, and the clock when it began, when the drafts were ready and when it ended."""
+        self.model_calls += 1
+        self.accepted.append([a for a, _ in counts])
+        self.examined.append([e for _, e in counts])
+        self.drafted.append(drafted)
+        self.draft_seconds += drafted_at - start
+        self.verify_seconds += end - drafted_at
+        self.step_seconds.append(end - start)
+
+
 class Outputs:
     """The new tokens of each row of a speculative loop and their log-probabilities, cut at the
     first end-of-sequence token or at ``max_new_tokens``. Shared by every speculative loop."""
@@ -124,10 +150,11 @@ class Outputs:
             done.append(self.reasons[r] == "eos" or len(row) >= self.max_new_tokens)
         return done
 
-    def result(self, prompts, prompt_index, tokenizer, device, **stats) -> SpeculativeResult:
+    def result(self, prompts, prompt_index, tokenizer, device, log: CallLog, **stats) -> SpeculativeResult:
         new = [torch.tensor(t, dtype=torch.long, device=device) for t in self.tokens]
         return SpeculativeResult(
             sequences=[torch.cat([p, t]) for p, t in zip(prompts, new)], new_tokens=new,
             logprobs=[torch.tensor(v, device=device) for v in self.sampled],
             raw_logprobs=[torch.tensor(v, device=device) for v in self.raw],
-            finish_reasons=self.reasons, texts=decode_texts(tokenizer, new), prompt_index=prompt_index, **stats)
+            finish_reasons=self.reasons, texts=decode_texts(tokenizer, new), prompt_index=prompt_index,
+            **vars(log), **stats)
