@@ -251,6 +251,7 @@ def _call(run, pending, gamma, active, look) -> torch.Tensor:
     t1 = now(device)
     if isinstance(proposal, DraftTree):
         num, nxt = _tree_call(run, pending, proposal, active, look)
+        kept = num.tolist()
         g = proposal.depth
     else:
         drafts, q = proposal
@@ -271,7 +272,6 @@ def _call(run, pending, gamma, active, look) -> torch.Tensor:
         side.rollback(num, g)
     drafter.rollback(num)
     t2 = now(device)
-    kept = num.tolist() if isinstance(proposal, DraftTree) else kept
     run.log.record([call_counts(n, k, g) for n, k in zip(kept, out.kept_since(active, before))], g, t0, t1, t2)
     return nxt
 

@@ -118,10 +118,9 @@ class Outputs:
         sampled = torch.zeros_like(raw) if p is None else torch.log(p.gather(-1, tokens[..., None]).squeeze(-1))
         # One read from the device for all three (a token id is exact in float32 up to 2**24).
         dtype = torch.promote_types(raw.dtype, sampled.dtype)
-        toks, raw, sampled = torch.stack([tokens.to(dtype), raw.to(dtype), sampled.to(dtype)]).tolist()
-        for r, toks, lr, ls, c in zip(rows, toks, raw, sampled, counts):
-            toks = [int(t) for t in toks]
-            self.tokens[r] += toks[:c]
+        ids, raw, sampled = torch.stack([tokens.to(dtype), raw.to(dtype), sampled.to(dtype)]).tolist()
+        for r, row_ids, lr, ls, c in zip(rows, ids, raw, sampled, counts):
+            self.tokens[r] += [int(t) for t in row_ids[:c]]
             self.raw[r] += lr[:c]
             self.sampled[r] += ls[:c]
 
