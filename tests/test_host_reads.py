@@ -20,8 +20,7 @@ import torch
 import logitlab as ll
 from logitlab.speculative.draft_model import DraftModelDrafter
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_speculative import tiny_llama  # noqa: E402
+from test_speculative import tiny_llama
 
 LIB = str(Path(ll.__file__).parent)
 READS = ["item", "tolist", "__bool__", "__int__", "__float__", "__index__"]
