@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import logitlab as ll
-from logitlab.sampling.cutoffs import XTC, Mirostat, mirostat_cut, xtc
+from logitlab.sampling.adaptive import XTC, Mirostat, mirostat_cut, xtc
 
 NEG = float("-inf")
 PROBS = torch.tensor([0.5, 0.3, 0.15, 0.05])

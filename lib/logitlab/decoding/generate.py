@@ -76,7 +76,7 @@ def generate(
     ``max_new_tokens`` in any case (tokens after which no match fits are masked too).
     ``logits_processor`` is a list of Hugging Face-style processors, each called as
     ``(tokens, logits)`` with every row's tokens so far (prompt first, padding as -1) before
-    the sampling settings apply: ``ll.sampling.ngram_rules.DRY(0.8)``, ``ll.sampling.cutoffs.Mirostat(5.0)``, ...
+    the sampling settings apply: ``ll.sampling.ngram_rules.DRY(0.8)``, ``ll.sampling.adaptive.Mirostat(5.0)``, ...
     """
     config = _merge_config(config, dict(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
