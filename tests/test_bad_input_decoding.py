@@ -129,6 +129,8 @@ def test_nan_logits_are_an_error_in_every_loop_not_a_nan_score():
     for call in (lambda: ll.beam_search(model, [[1]], num_beams=2, max_new_tokens=2),
                  lambda: ll.generate(model, [[1]], max_new_tokens=2),
                  lambda: ll.speculative_generate(model, DraftModelDrafter(ll.toy_bigram(6)), [[1]], gamma=2,
-                                                 max_new_tokens=2)):
+                                                 max_new_tokens=2),
+                 lambda: ll.sample_tree(model, [1], branching=(2, 2)),
+                 lambda: ll.sample_tree(model, [1], branching=(2, 2), temperature=0.5, with_replacement=False)):
         with pytest.raises(ValueError, match="NaN"):
             call()

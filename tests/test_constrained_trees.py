@@ -208,9 +208,8 @@ def smollm2():
 
 @pytest.mark.slow
 def test_every_tree_drafter_is_greedy_under_a_regex_and_a_json_schema(smollm2):
-    from logitlab.speculative.eagle import load_drafter
     from logitlab.constrained.json_schema import to_regex
-    from logitlab.speculative.medusa_heads import load_heads
+    from logitlab.speculative import eagle, medusa_heads
     model, tokenizer = smollm2
     pattern = r'\{"name": "[A-Za-z ]{1,20}", "age": [0-9]{1,3}\}'
     schema = {"type": "object", "required": ["name", "age", "city"], "properties": {
@@ -221,11 +220,11 @@ def test_every_tree_drafter_is_greedy_under_a_regex_and_a_json_schema(smollm2):
     constraints = [Constraint(pattern, tokenizer), Constraint(to_regex(schema), tokenizer)]
     plain = ll.generate(model, prompts, tokenizer=tokenizer, max_new_tokens=40, temperature=0, constraint=constraints)
     assert re.fullmatch(pattern, plain.texts[0]) and set(json.loads(plain.texts[1])) == set(schema["required"])
-    feature = load_drafter(model)
+    feature = eagle.load_pretrained(model)
     runs = {name: speculative_generate(model, EagleDrafter(feature, tree=tree), prompts, tokenizer=tokenizer, gamma=4,
                                        max_new_tokens=40, temperature=0, constraint=constraints)
             for name, tree in [("eagle dynamic", dict(top_k=4, nodes=16)), ("eagle fixed", dict(branching=(3, 2, 1)))]}
-    runs["medusa"] = medusa_generate(model, load_heads(model), prompts, branching=(3, 2, 1), max_new_tokens=40,
+    runs["medusa"] = medusa_generate(model, medusa_heads.load_pretrained(model), prompts, branching=(3, 2, 1), max_new_tokens=40,
                                      tokenizer=tokenizer, constraint=constraints)
     for name, out in runs.items():
         assert [t.tolist() for t in out.new_tokens] == [t.tolist() for t in plain.new_tokens], name

@@ -6,7 +6,7 @@ import torch
 
 import logitlab as ll
 from logitlab.speculative.subset_head import SubsetHead
-from logitlab.speculative.draft_model import build_draft, load_draft
+from logitlab.speculative.draft_model import build_draft, load_pretrained
 from logitlab.training.data import choose_vocabulary
 from logitlab.training.draft import save_draft
 
@@ -58,8 +58,8 @@ def test_save_and_load_round_trip_with_and_without_the_subset(tmp_path):
     ids = torch.tensor([[1, 5, 2, 7, 3]])
     with torch.inference_mode():
         expected = draft(ids).logits.float()
-        full = load_draft(target, str(path), full_vocabulary=True)
-        reduced = load_draft(target, str(path))
+        full = load_pretrained(target, str(path), full_vocabulary=True)
+        reduced = load_pretrained(target, str(path))
         # float16 storage: the round trip is close, not bit-exact
         torch.testing.assert_close(full(ids).logits.float(), expected, atol=2e-2, rtol=1e-2)
         got = reduced(ids).logits.float()

@@ -12,7 +12,7 @@ from test_medusa import pooled_chi_square_pvalue
 from test_speculative import P_MIN, exact_llama_probs, tiny_llama
 
 import logitlab as ll
-from logitlab.speculative.eagle import EagleDrafter, FeatureDrafter, load_drafter, save_drafter
+from logitlab.speculative.eagle import EagleDrafter, FeatureDrafter, load_pretrained, save_drafter
 from logitlab.sampling.pipeline import SamplingConfig
 from logitlab.speculative.loop import speculative_generate
 from logitlab.training.eagle import accuracy, cropped, row_features, train
@@ -52,10 +52,10 @@ def test_training_teaches_the_drafter_the_target_and_saves_what_it_learnt(traine
     assert after[0] > max(0.85, before[0] + 0.15) and after[1] > 0.8, (before, after)
     assert sum(losses[-10:]) < 0.7 * sum(losses[:10])
     save_drafter(drafter, tmp_path / "d.safetensors")
-    loaded = load_drafter(target, tmp_path / "d.safetensors")
+    loaded = load_pretrained(target, tmp_path / "d.safetensors")
     assert abs(accuracy(loaded, rows, feats)[0] - after[0]) < 0.02  # float16 weights
     with pytest.raises(ValueError, match="target"):
-        load_drafter(tiny_llama(2, seed=0, vocab=4), tmp_path / "d.safetensors")
+        load_pretrained(tiny_llama(2, seed=0, vocab=4), tmp_path / "d.safetensors")
 
 
 def test_an_untrained_drafter_is_the_targets_first_layer_reading_only_the_token():
@@ -259,7 +259,7 @@ def test_a_drafter_fusing_several_layers_reads_them_where_it_should(tmp_path):
     for h, length in zip(recording.catch_up_calls, lengths.tolist()):
         torch.testing.assert_close(h, reference[0, length - 2], atol=1e-5, rtol=1e-4)
     save_drafter(drafter, tmp_path / "fused.safetensors")
-    assert load_drafter(target, tmp_path / "fused.safetensors").layers == (1, 3)
+    assert load_pretrained(target, tmp_path / "fused.safetensors").layers == (1, 3)
     with pytest.raises(ValueError, match="layers"):
         FeatureDrafter(target, layers=(1, 2))  # the top layer must come last
 
@@ -275,7 +275,7 @@ def test_shipped_drafter_is_small_greedy_exact_and_trained():
     assert ll.speculative.eagle.PRETRAINED.stat().st_size <= 10e6
     log = json.loads(ll.speculative.eagle.PRETRAINED.with_suffix(".json").read_text())
     assert len(log["loss"]) == log["recipe"]["steps"] and log["held_out_accuracy"][-1][0] == log["recipe"]["steps"]
-    drafter = load_drafter(model)
+    drafter = load_pretrained(model)
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Explain how a refrigerator keeps food cold."}],
                                            add_generation_prompt=True, tokenize=False)
     common = dict(tokenizer=tokenizer, max_new_tokens=48, temperature=0, eos_token_id=[])

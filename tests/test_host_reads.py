@@ -1,12 +1,13 @@
 """Validated once: the loops read from the device only what they must.
 
 Every value a loop reads back (``Tensor.item``, ``tolist``, ``bool(tensor)``, ...) makes a GPU wait
-for all the work queued before it. ``ll.generate`` reads one value set per step (which rows
-finished, and whether the step's logits were valid) and one more for each rule that must ask the
-device a question of its own; a speculative call reads a few (how many drafts each row keeps, the
-caches' new lengths, the tokens). The reads are counted here on the CPU, where
-they are cheap, so that a change that adds one to every step fails. Reads made inside transformers
-(its attention-mask helper reads one per forward pass) are not the library's and are not counted.
+for all the work queued before it. ``ll.generate`` and ``ll.beam_search`` read one value set per
+step (which rows finished, and whether the step's logits were valid), a token tree one per level,
+and each one more for each rule that must ask the device a question of its own; a speculative
+call reads a few (how many drafts each row keeps, the caches' new lengths, the tokens), and so
+does a PaSS call. The reads are counted here on the CPU, where they are cheap, so that a change
+that adds one to every step fails. Reads made inside transformers (its attention-mask helper
+reads one per forward pass) are not the library's and are not counted.
 """
 
 import collections
@@ -18,7 +19,10 @@ import pytest
 import torch
 
 import logitlab as ll
+from logitlab.sampling.penalties import RepetitionPenalty
+from logitlab.search.trees import sample_tree
 from logitlab.speculative.draft_model import DraftModelDrafter
+from logitlab.speculative.pass_embeddings import LookaheadEmbeddings, pass_generate
 
 from test_speculative import tiny_llama
 
@@ -82,9 +86,58 @@ def test_a_speculative_call_reads_a_few_values(temperature):
     assert sum(counts.values()) <= 5 * calls + 12, counts.most_common(8)
 
 
+def beam(**settings):
+    return ll.beam_search(TARGET, [[1, 2, 3]], num_beams=4, max_new_tokens=N, eos_token_id=[], **settings)
+
+
+# As for generate: one read per step, and one more for a rule that asks its own question (the
+# penalty: whether it pushed a logit out of range).
+@pytest.mark.parametrize("settings, per_step", [({}, 1), (dict(logits_processor=[RepetitionPenalty(1.2)]), 2)],
+                         ids=["plain", "with a penalty"])
+def test_beam_search_reads_one_value_set_per_step(settings, per_step):
+    with library_reads() as counts:
+        out = beam(**settings)
+    assert len(out.history) == N
+    # per step: whether it ended or stored a hypothesis, and whether the logits were valid; at
+    # the end, the best hypothesis's score, reason and tokens (no hypothesis was stored before
+    # the last step: there is no EOS); two for the prompt
+    assert sum(counts.values()) <= per_step * N + 3 + 2, counts.most_common(5)
+
+
+def tree(branching=(4, 4, 2), **settings):
+    return sample_tree(TARGET, [1, 2, 3], branching=branching, generator=torch.Generator().manual_seed(0), **settings)
+
+
+# One read per level (the logits' check with the fewest possible tokens), and one more for a
+# temperature below 1 (whether it overflowed); two for the prompt.
+@pytest.mark.parametrize("settings, per_level", [
+    (dict(temperature=1.0, top_p=0.9), 1), (dict(temperature=0.7, with_replacement=False), 2), (dict(temperature=0), 1)],
+    ids=["top-p", "T=0.7 without replacement", "greedy"])
+def test_a_token_tree_reads_one_value_set_per_level(settings, per_level):
+    with library_reads() as counts:
+        out = tree(**settings)
+    assert len(out) == 4 + 16 + 32
+    assert sum(counts.values()) <= per_level * 3 + 2, counts.most_common(5)
+
+
+def pass_call(temperature):
+    return pass_generate(TARGET, LookaheadEmbeddings(TARGET, 3), [1, 2, 3], max_new_tokens=N, temperature=temperature,
+                         generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("temperature", [0, 1.0], ids=["greedy", "T=1"])
+def test_a_pass_call_reads_a_few_values(temperature):
+    with library_reads() as counts:
+        out = pass_call(temperature)
+    calls = out.model_calls - 1
+    # per call: the kept count (with the logits' check), the tokens, the next drafts' confidences;
+    # the prompt and the prefill a few more
+    assert sum(counts.values()) <= 3 * calls + 12, counts.most_common(8)
+
+
 def test_the_counter_sees_the_library_validate_every_token_again(monkeypatch):
     """The test has power: with the rules checking their logits again on every token (as they do
-    when called directly), the counts go over both bounds."""
+    when called directly), the counts go over every bound above."""
     import logitlab._validate as validate
 
     monkeypatch.setattr(validate, "checking_values", lambda: True)
@@ -95,3 +148,12 @@ def test_the_counter_sees_the_library_validate_every_token_again(monkeypatch):
         out = ll.speculative_generate(TARGET, DraftModelDrafter(DRAFT), [[1, 2, 3]], gamma=3, max_new_tokens=N,
                                       eos_token_id=[], temperature=1.0, generator=torch.Generator().manual_seed(0))
     assert sum(counts.values()) > 5 * (out.model_calls - 1) + 12
+    with library_reads() as counts:
+        beam(logits_processor=[RepetitionPenalty(1.2)])
+    assert sum(counts.values()) > 2 * N + 5
+    with library_reads() as counts:
+        tree(temperature=1.0, top_p=0.9)
+    assert sum(counts.values()) > 3 + 2
+    with library_reads() as counts:
+        out = pass_call(1.0)
+    assert sum(counts.values()) > 3 * (out.model_calls - 1) + 12

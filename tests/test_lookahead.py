@@ -8,7 +8,7 @@ from scipy.stats import chisquare
 
 import logitlab as ll
 import logitlab.speculative.pass_embeddings as lookahead_module
-from logitlab.speculative.pass_embeddings import (LookaheadEmbeddings, load_lookahead, load_pretrained, pass_generate, save_lookahead,
+from logitlab.speculative.pass_embeddings import (LookaheadEmbeddings, load_pretrained, pass_generate, save_lookahead,
                                 single_call_layout)
 from logitlab.sampling.pipeline import SamplingConfig
 from logitlab.speculative.loop import speculative_generate
@@ -65,7 +65,7 @@ def test_the_first_k_embeddings_predict_what_they_predict_in_a_larger_set(tmp_pa
     model = tiny_llama(2, seed=0)
     big = random_lookahead(model, 4, seed=3)
     save_lookahead(big, tmp_path / "la.safetensors")
-    small = load_lookahead(model, tmp_path / "la.safetensors", k=2)
+    small = load_pretrained(model, tmp_path / "la.safetensors", k=2)
     assert small.k == 2 and torch.equal(small.vectors, big.vectors[:2])
     ids = torch.tensor([1, 2, 3])
     with torch.no_grad():
@@ -233,17 +233,17 @@ def test_save_and_load_round_trip(tmp_path):
     model = tiny_llama(2, seed=0)
     la = random_lookahead(model, 3, seed=2)
     save_lookahead(la, tmp_path / "la.safetensors")
-    loaded = load_lookahead(model, tmp_path / "la.safetensors")
+    loaded = load_pretrained(model, tmp_path / "la.safetensors")
     assert loaded.k == 3 and torch.equal(loaded.vectors, la.vectors)
     assert lookahead_module.training_curve(tmp_path / "la.safetensors") is None
     save_lookahead(la, tmp_path / "curve.safetensors", losses=[[1.0, 2.0, 3.0], [0.5, 1.5, 2.5]])
     assert lookahead_module.training_curve(tmp_path / "curve.safetensors").tolist() == [[1.0, 2.0, 3.0],
                                                                                        [0.5, 1.5, 2.5]]
-    assert torch.equal(load_lookahead(model, tmp_path / "curve.safetensors").vectors, la.vectors)
+    assert torch.equal(load_pretrained(model, tmp_path / "curve.safetensors").vectors, la.vectors)
     with pytest.raises(ValueError, match="k must"):
-        load_lookahead(model, tmp_path / "la.safetensors", k=4)
+        load_pretrained(model, tmp_path / "la.safetensors", k=4)
     with pytest.raises(ValueError, match="embedding size"):
-        load_lookahead(tiny_llama_with_hidden(32), tmp_path / "la.safetensors")
+        load_pretrained(tiny_llama_with_hidden(32), tmp_path / "la.safetensors")
 
 
 def tiny_llama_with_hidden(hidden):
@@ -305,7 +305,7 @@ def test_shipped_embeddings_are_tiny_and_both_variants_are_greedy_on_smollm2(smo
     prompt = tok.apply_chat_template([{"role": "user", "content": "Explain how a bicycle stays upright."}],
                                      add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
     greedy = ll.generate(model, prompt, max_new_tokens=40, temperature=0, eos_token_id=[]).new_tokens[0].tolist()
-    la = load_pretrained(model, 4)
+    la = load_pretrained(model, k=4)
     two = speculative_generate(model, la, prompt, gamma=5, max_new_tokens=40, temperature=0, eos_token_id=[])
     assert two.new_tokens[0].tolist() == greedy
     for prefixes in ("all", "likely"):
@@ -332,7 +332,7 @@ def test_the_shipped_first_slot_beats_untrained_embeddings_on_greedy_answers(smo
             tokens, _, topv, topi = rows_from_tokens(model, [answer.sequences[0].tolist()])[0]
             n = prompt.shape[1]  # new tokens start here; the recorded logits one position earlier
             rows.append((tokens, n, topv[n - 1:], topi[n - 1:]))
-        trained = slot_accuracy(load_pretrained(model, 4), rows, groups=60)
+        trained = slot_accuracy(load_pretrained(model, k=4), rows, groups=60)
         untrained = slot_accuracy(LookaheadEmbeddings(model, 4, seed=0), rows, groups=60)
     assert trained[0] > untrained[0] + 0.05, (trained, untrained)
 

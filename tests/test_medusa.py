@@ -11,7 +11,7 @@ from test_speculative import P_MIN, chi_square_pvalue, exact_llama_probs, tiny_l
 
 import logitlab as ll
 from logitlab.speculative.medusa import MedusaDrafter
-from logitlab.speculative.medusa_heads import MedusaHeads, load_heads, medusa_generate, save_heads
+from logitlab.speculative.medusa_heads import MedusaHeads, load_pretrained, medusa_generate, save_heads
 from logitlab.decoding.tree_shape import cartesian_tree
 from logitlab.sampling.pipeline import SamplingConfig
 from logitlab.speculative.loop import speculative_generate
@@ -60,13 +60,13 @@ def test_save_and_load_round_trip(tmp_path):
     model = tiny_llama(2, seed=0)
     heads = random_heads(model, 3, vocab=torch.tensor([0, 2, 3, 5]))
     save_heads(heads, str(tmp_path / "h.safetensors"))
-    loaded = load_heads(model, tmp_path / "h.safetensors")
+    loaded = load_pretrained(model, tmp_path / "h.safetensors")
     assert loaded.num_heads == 3 and loaded.output.vocab.tolist() == [0, 2, 3, 5]
     h = torch.randn(4, 16)
     with torch.no_grad():
         torch.testing.assert_close(loaded(h), heads(h), atol=0.05, rtol=0.01)  # float16 weights
     with pytest.raises(ValueError, match="target"):
-        load_heads(ll.toy_model(vocab_size=5), tmp_path / "h.safetensors")
+        load_pretrained(ll.toy_model(vocab_size=5), tmp_path / "h.safetensors")
 
 
 @pytest.mark.parametrize("settings", [dict(temperature=1.0), dict(temperature=0.9, top_k=3)],
@@ -208,7 +208,7 @@ class RecordingDrafter(MedusaDrafter):
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_the_heads_read_the_hidden_state_where_the_pending_token_was_predicted(smollm, temperature):
     model, tokenizer = smollm
-    drafter = RecordingDrafter(load_heads(model))
+    drafter = RecordingDrafter(load_pretrained(model))
     out = speculative_generate(model, drafter, ["The capital of France is"], tokenizer=tokenizer, gamma=3,
                                max_new_tokens=40, temperature=temperature, eos_token_id=[],
                                generator=torch.Generator().manual_seed(0))
@@ -228,7 +228,7 @@ def test_the_heads_read_the_hidden_state_where_the_pending_token_was_predicted(s
 def test_shipped_heads_are_small_greedy_exact_and_beat_no_drafting(smollm):
     model, tokenizer = smollm
     assert ll.speculative.medusa_heads.PRETRAINED_HEADS.stat().st_size <= 5e6
-    heads = load_heads(model)
+    heads = load_pretrained(model)
     assert heads.num_heads >= 3
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Explain how a refrigerator keeps food cold."}],
                                            add_generation_prompt=True, tokenize=False)

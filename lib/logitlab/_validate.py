@@ -215,6 +215,17 @@ def check_body_and_head(model, name: str = "target"):
     return model
 
 
+def check_smollm2(model, name: str, what: str):
+    """SmolLM2-135M (vocabulary 49152, hidden size 576, 30 layers): the model ``what`` (the
+    book's shipped drafter weights) was trained for."""
+    config = getattr(model, "config", None)
+    shape = tuple(getattr(config, k, None) for k in ("vocab_size", "hidden_size", "num_hidden_layers"))
+    if shape != (49152, 576, 30):
+        raise ValueError(f"{name} must be SmolLM2-135M (vocab 49152, hidden size 576, 30 layers), the model "
+                         f"{what} trained for; got (vocab, hidden, layers) = {shape}")
+    return model
+
+
 def check_counts(max_new_tokens, min_new_tokens=0, num_return_sequences=1) -> tuple[int, int, int]:
     """Validate the token counts of a loop; numpy integers are fine. Returns them as ints."""
     def integer(value):

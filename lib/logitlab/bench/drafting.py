@@ -174,10 +174,10 @@ def bench_typical(table: Table, model, tokenizer, new_tokens: int = 64, gamma: i
     sampling their proposals; the chain under typical acceptance (Medusa's defaults, argmax next
     token); and the largest tree under typical acceptance."""
     from ..speculative.medusa import MedusaDrafter
-    from ..speculative.medusa_heads import load_heads, medusa_generate
+    from ..speculative.medusa_heads import load_pretrained, medusa_generate
     from ..speculative.typical import TypicalAcceptance
 
-    heads = load_heads(model)
+    heads = load_pretrained(model)
     prompts = [chat(tokenizer, q) for q in DRAFT_PROMPTS]
     held_out = [chat(tokenizer, q) for q in CALIBRATION]
     typical = TypicalAcceptance()
@@ -230,7 +230,7 @@ def bench_pass(table: Table, model, tokenizer, new_tokens: int = 64, ks=tuple(ra
 
     prompts = [chat(tokenizer, q) for q in DRAFT_PROMPTS]
     held_out = [chat(tokenizer, q) for q in CALIBRATION]
-    sets = {k: load_pretrained(model, k) for k in set(ks) | set(single_ks)}  # loaded once, outside the timings
+    sets = {k: load_pretrained(model, k=k) for k in set(ks) | set(single_ks)}  # loaded once, outside the timings
     context = cached_prefix(tokenizer)
 
     def build(temperature):
@@ -264,10 +264,10 @@ def bench_eagle(table: Table, model, tokenizer, new_tokens: int = 128, gamma: in
     sampling (exact), and above T = 0 also under typical acceptance (not exact). At T = 0 every run
     is checked to give greedy decoding's tokens; each row carries the cost model's forecast from
     the calibration prompts and the acceptance rate of each draft position."""
-    from ..speculative.eagle import EagleDrafter, load_drafter
+    from ..speculative.eagle import EagleDrafter, load_pretrained
     from ..speculative.typical import TypicalAcceptance
 
-    drafter = load_drafter(model)
+    drafter = load_pretrained(model)
     tree = dict(top_k=3, nodes=10) if tree is None else tree
     prompts = [chat(tokenizer, q) for q in DRAFT_PROMPTS]
     held_out = [chat(tokenizer, q) for q in CALIBRATION]

@@ -17,13 +17,10 @@ from .prompts import chat
 def shipped_drafters(model) -> dict:
     """The book's trained drafters for ``model``: the draft model, the Medusa heads, the EAGLE
     drafter and two PaSS look-ahead embeddings (k = 2)."""
-    from ..speculative.draft_model import load_pretrained as load_draft
-    from ..speculative.eagle import load_drafter
-    from ..speculative.medusa_heads import load_heads
-    from ..speculative.pass_embeddings import load_pretrained as load_lookahead
+    from ..speculative import draft_model, eagle, medusa_heads, pass_embeddings
 
-    return {"draft": load_draft(model), "medusa": load_heads(model), "eagle": load_drafter(model),
-            "lookahead": load_lookahead(model, 2)}
+    return {"draft": draft_model.load_pretrained(model), "medusa": medusa_heads.load_pretrained(model),
+            "eagle": eagle.load_pretrained(model), "lookahead": pass_embeddings.load_pretrained(model, k=2)}
 
 
 PASS = "PaSS two-call, k=2"  # its drafting calls are target passes too (pass_calls)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .._validate import check_counts, check_logits, check_model, check_processors
+from .._validate import bad_logits, check_counts, check_logits, check_model, check_processors, trusted
 from ..constrained.constraint import constraint_rows, mask_rows
 from ..decoding.passes import forward, prefill
 from ..decoding.prompts import eos_ids, prompt_batch
@@ -143,7 +143,6 @@ def beam_search(
 
     for index in range(max_new_tokens):
         start = now(device)
-        check_logits(logits, "the model's logits")  # a model that returns NaN must not rank beams
         last = index == max_new_tokens - 1
         forbidden = beams.forbidden(logits, constraints, max_new_tokens - index) if constraints else None
         if beams.extend(logits, last, forbidden) or last:
@@ -200,7 +199,7 @@ class _Beams:
     def follow(self, constraints) -> None:
         """Each new beam's automaton state: its parent's, moved by its last token (-1, off the
         pattern, for the impossible beams that only fill empty slots)."""
-        tokens, parents = self.running[:, :, -1].tolist(), self.parents.tolist()
+        tokens, parents = torch.stack([self.running[:, :, -1], self.parents]).tolist()  # one read
         self.automaton = [[constraints[b * self.nb].next_state(old[parents[b][i]], tokens[b][i])
                            if constraints[b * self.nb] is not None else 0 for i in range(self.nb)]
                           for b, old in enumerate(self.automaton)]
@@ -227,7 +226,8 @@ class _Beams:
         vocab = logits.shape[-1]
         logprobs = torch.log_softmax(logits, dim=-1)
         if self.processors:
-            logprobs = self.process(logprobs)
+            with trusted():  # the model's logits are checked once, in the step's one read below
+                logprobs = self.process(logprobs)
         if forbidden is not None:  # impossible, like the empty slots: never a hypothesis
             logprobs = logprobs.masked_fill(forbidden, NEG)
         logprobs = logprobs.view(batch, nb, vocab)
@@ -243,14 +243,20 @@ class _Beams:
         self.running, self.scores = candidates[rows, chosen], alive_scores[rows, chosen]
         self.parents = parent[rows, chosen]
         merged = self._store(candidates, top_scores, ends, step + 1)
+        fresh = (merged >= nb) & (self.stored_scores > NEG / 2)  # the hypotheses stored this step
+        # The step's one host read: whether it ended, whether anything was stored, and whether
+        # the model's logits were valid (a model that returns NaN must not rank beams).
+        all_end, over, stored, invalid = torch.stack(
+            [ends.all(), self._over(step + 1), fresh.any(), bad_logits(logits)]).tolist()
+        if invalid:
+            check_logits(logits, "the model's logits")  # raises, saying what is wrong
         # When every extension ends (the last step) there are no running beams to show: the
         # history shows the nb best extensions, which all became hypotheses.
-        all_end = bool(ends.all())
         shown = (candidates[:, :nb], top_scores[:, :nb], parent[:, :nb]) if all_end else \
             (self.running, self.scores, self.parents)
-        self.history.append(BeamStep(shown[0].clone(), shown[1].clone(), shown[2].clone(),
-                                     _newly_stored(self.stored, self.stored_scores, merged, nb, step)))
-        return all_end or self._over(step + 1)
+        finished = _newly_stored(self.stored, self.stored_scores, fresh, step) if stored else [[] for _ in rows]
+        self.history.append(BeamStep(shown[0].clone(), shown[1].clone(), shown[2].clone(), finished))
+        return all_end or over
 
     def _store(self, candidates, top_scores, ends, length):
         """Extensions that ended among the nb best of this step become hypotheses, scored with the
@@ -267,15 +273,16 @@ class _Beams:
         self.stored_full = torch.cat([self.stored_full, new], dim=1)[rows, merged]
         return merged
 
-    def _over(self, length: int) -> bool:
+    def _over(self, length: int) -> torch.Tensor:
         """Whether no running beam can still beat the stored hypotheses (or the store is full with
-        ``early_stopping=True``). ``"never"`` scores the best beam at the longest length instead."""
+        ``early_stopping=True``), a 0-dim bool still on the device. ``"never"`` scores the best
+        beam at the longest length instead."""
         if self.early_stopping == "never" and self.length_penalty > 0:
             length = self.max_new_tokens  # longer can only score higher then
         best_running = self.scores[:, :1] / (length ** self.length_penalty)
         worst_stored = torch.where(self.stored_full, self.stored_scores.min(dim=-1, keepdim=True).values, NEG)
         self.can_improve = self.can_improve & (best_running > worst_stored).any(dim=-1, keepdim=True)
-        return not bool(self.can_improve.any()) or (bool(self.stored_full.all()) and self.early_stopping is True)
+        return ~self.can_improve.any() | (self.stored_full.all() & (self.early_stopping is True))
 
     def cache_rows(self) -> torch.Tensor:
         """The cache row of the beam each new beam extends, for every prompt."""
@@ -297,14 +304,12 @@ class _Beams:
         return result
 
 
-def _newly_stored(stored, stored_scores, merged, nb, step):
-    """Per prompt, the hypotheses that entered the store at this step (for ``history``)."""
-    out = []
-    for b in range(stored.shape[0]):
-        fresh = [(stored[b, i, : step + 1].clone(), stored_scores[b, i].item())
-                 for i in range(nb) if merged[b, i] >= nb and stored_scores[b, i] > NEG / 2]
-        out.append(fresh)
-    return out
+def _newly_stored(stored, stored_scores, fresh, step):
+    """Per prompt, the hypotheses that entered the store at this step (``fresh``: ``[batch, nb]``),
+    as (tokens, score), for ``history``. One read: the flags and the scores together."""
+    flags, scores = torch.stack([fresh.to(stored_scores.dtype), stored_scores]).tolist()
+    return [[(stored[b, i, : step + 1].clone(), scores[b][i]) for i, new in enumerate(row) if new]
+            for b, row in enumerate(flags)]
 
 
 def _check_arguments(num_beams, max_new_tokens, length_penalty, early_stopping, num_return_sequences):

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .._validate import check_branching, check_generator, check_logits, check_model, check_parents
+from .._validate import (bad_logits, check_branching, check_generator, check_logits, check_model, check_parents,
+                         checking_values, trusted)
 from ..decoding.passes import masked_forward
 from ..decoding.prompts import one_prompt
 from ..decoding.tree_shape import ancestors, depths, leaves, tree_attention_mask, tree_position_ids
@@ -170,9 +171,10 @@ def gumbel_top_k(logits: torch.Tensor, k: int, generator: torch.Generator | None
     check_logits(logits)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be an integer >= 1, got {k!r}")
-    possible = int((logits > float("-inf")).sum(dim=-1).min())
-    if k > possible:
-        raise ValueError(f"k={k} distinct tokens asked for, but a row has only {possible} tokens with a finite logit")
+    if checking_values():  # inside trusted(), the caller has counted the possible tokens
+        possible = int((logits > float("-inf")).sum(dim=-1).min())
+        if k > possible:
+            raise ValueError(f"k={k} distinct tokens asked for, but a row has only {possible} tokens with a finite logit")
     check_generator(generator, logits.device)
     return add_gumbel_noise(logits, generator).topk(k, dim=-1).indices
 
@@ -249,25 +251,34 @@ def _grow(model, cache, logits, branching, config, with_replacement, generator) 
 
 
 def _draw_children(logits, k: int, config: SamplingConfig, with_replacement: bool, generator):
-    """``k`` children for each row of ``logits`` ``[m, V]``: ids, sampled and raw log-probs, ``[m, k]`` each."""
-    raw = log_softmax(logits)
+    """``k`` children for each row of ``logits`` ``[m, V]``: ids, sampled and raw log-probs, ``[m, k]`` each.
+
+    The rules run under ``trusted()``: the level's logits, as the model gave them and as
+    processed, are checked in its one read of the device, with the count of possible tokens."""
+    with trusted():
+        raw = log_softmax(logits)
+        processed = logits if config.temperature == 0.0 else process_logits(logits, config)
+    possible = (processed > float("-inf")).sum(dim=-1).min()
+    invalid, possible = torch.stack([bad_logits(logits) | bad_logits(processed), possible]).tolist()
+    if invalid:
+        check_logits(logits, "the model's logits")  # raises, saying what is wrong
+        check_logits(processed, "the processed logits")
     if config.temperature == 0.0:
         if k > logits.shape[-1]:
             raise ValueError(f"branching asks for {k} children, more than the vocabulary's {logits.shape[-1]} tokens")
         # A stable sort puts tied tokens in id order, so the first child is greedy()'s token.
         children = logits.sort(dim=-1, descending=True, stable=True).indices[:, :k]
         return children, torch.zeros(children.shape, device=logits.device), raw.gather(-1, children)
-    processed = process_logits(logits, config)
-    if with_replacement:
-        # k independent draws per node: the node's row, repeated k times.
-        children = sample(processed.repeat_interleave(k, dim=0), 1.0, generator).view(-1, k)
-    else:
-        possible = int((processed > float("-inf")).sum(dim=-1).min())
-        if k > possible:
+    with trusted():
+        if with_replacement:
+            # k independent draws per node: the node's row, repeated k times.
+            children = sample(processed.repeat_interleave(k, dim=0), 1.0, generator).view(-1, k)
+        elif k > possible:
             raise ValueError(f"branching asks for {k} distinct children, but truncation leaves only {possible} "
                              "possible tokens at some node; use with_replacement=True or loosen the truncation")
-        children = gumbel_top_k(processed, k, generator)
-    return children, log_softmax(processed).gather(-1, children), raw.gather(-1, children)
+        else:
+            children = gumbel_top_k(processed, k, generator)
+        return children, log_softmax(processed).gather(-1, children), raw.gather(-1, children)
 
 
 

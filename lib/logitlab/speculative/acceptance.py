@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .._validate import check_generator, check_probs, checking_values
+from .._validate import bad_logits, check_generator, check_logits, check_probs, checking_values
 from ..devices import exact_dtype
 from ..sampling.draw import inverse_transform
 from ..sampling.pipeline import SamplingConfig, choose
@@ -137,3 +137,16 @@ def check_rule(acceptance) -> AcceptanceRule:
         raise ValueError("acceptance must be an acceptance rule such as ll.speculative.RejectionSampling() or "
                          f"ll.TypicalAcceptance(), got {type(acceptance).__name__}")
     return acceptance
+
+
+def read_kept(num, logits, q) -> list[int]:
+    """How many drafts each row keeps (``num``, ``[B]``), read from the device together with
+    whether the target's logits (or the drafter's ``q``) hold what ``check_logits``
+    (``check_probs``) refuses: a loop's one read of its verification. The loops run the rules
+    under ``trusted()``; here the check catches up."""
+    invalid = bad_logits(logits) if q is None else bad_logits(logits) | torch.isnan(q).any()
+    *kept, bad = torch.cat([num, invalid.long()[None]]).tolist()
+    if bad:
+        check_logits(logits, "the target's logits")  # raises, saying what is wrong
+        raise ValueError("q, the drafter's probabilities, contains NaN")
+    return kept

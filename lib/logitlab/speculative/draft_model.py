@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from .. import fast_cpu
+from .._validate import check_smollm2
 from ..decoding.cache import roll_back
 from ..decoding.passes import forward, mask_positions, prefill
 from ..sampling.pipeline import draw
@@ -99,24 +100,6 @@ class DraftModelDrafter(Drafter):
 PRETRAINED_DRAFT = Path(__file__).resolve().parents[1] / "data" / "draft_smollm2_135m.safetensors"
 
 
-def load_pretrained(target, full_vocabulary: bool = False):
-    """The book's trained draft model for SmolLM2-135M, built around ``target``'s embedding.
-
-    Returns a Hugging Face ``LlamaForCausalLM`` with one layer: the drafter of
-    ``ll.speculative_generate`` once wrapped (``DraftModelDrafter(draft)``), or Hugging Face's
-    ``assistant_model`` as it is. Its output layer scores only the tokens SmolLM2 uses most (a ``SubsetHead``), which makes a draft
-    step several times cheaper; ``full_vocabulary=True`` gives it the whole output layer instead.
-    """
-    config = getattr(target, "config", None)
-    shape = tuple(getattr(config, k, None) for k in ("vocab_size", "hidden_size", "num_hidden_layers"))
-    if shape != (49152, 576, 30):
-        raise ValueError("target must be SmolLM2-135M (vocab 49152, hidden size 576, 30 layers), the model "
-                         f"the shipped draft was trained for; got (vocab, hidden, layers) = {shape}")
-    if not isinstance(full_vocabulary, bool):
-        raise ValueError(f"full_vocabulary must be True or False, got {full_vocabulary!r}")
-    return load_draft(target, str(PRETRAINED_DRAFT), full_vocabulary=full_vocabulary)
-
-
 def build_draft(target, init_layer: int = 0, num_layers: int = 1):
     """A Llama with ``num_layers`` layers and the target's shape, started from the target's weights.
 
@@ -140,13 +123,22 @@ def build_draft(target, init_layer: int = 0, num_layers: int = 1):
     return draft.eval()
 
 
-def load_draft(target, path: str, full_vocabulary: bool = False):
-    """Rebuild the draft model from the target and a file written by ``save_draft``.
+def load_pretrained(target, path: str | Path | None = None, full_vocabulary: bool = False):
+    """A draft model saved by ``save_draft`` (the book's trained one for SmolLM2-135M by default),
+    built around ``target``'s embedding.
 
-    If the file names an output vocabulary, the draft predicts only those tokens (a
-    ``SubsetHead``), unless ``full_vocabulary`` asks for the whole output layer. When the target
+    Returns a Hugging Face ``LlamaForCausalLM``: the drafter of ``ll.speculative_generate`` once
+    wrapped (``DraftModelDrafter(draft)``), or Hugging Face's ``assistant_model`` as it is. If the
+    file names an output vocabulary (the shipped one does: the tokens SmolLM2 uses most), the
+    draft scores only those tokens (a ``SubsetHead``), which makes a draft step several times
+    cheaper; ``full_vocabulary=True`` gives it the whole output layer instead. When the target
     has ``ll.load``'s CPU fast path, the draft gets it too.
     """
+    if path is None:
+        check_smollm2(target, "target", "the shipped draft was")
+    if not isinstance(full_vocabulary, bool):
+        raise ValueError(f"full_vocabulary must be True or False, got {full_vocabulary!r}")
+    path = str(PRETRAINED_DRAFT if path is None else path)
     from safetensors import safe_open
     from safetensors.torch import load_file
 

@@ -117,7 +117,7 @@ def save_drafter(drafter: FeatureDrafter, path: str) -> None:
     save_file(state, path, metadata={"layers": ",".join(map(str, drafter.layers or ()))})
 
 
-def load_drafter(target, path: str | Path | None = None) -> FeatureDrafter:
+def load_pretrained(target, path: str | Path | None = None) -> FeatureDrafter:
     """A drafter saved by ``save_drafter`` (the shipped one by default), built on ``target``."""
     from safetensors.torch import load_file
 
@@ -154,7 +154,7 @@ class EagleDrafter(Drafter):
 
     def __init__(self, drafter: FeatureDrafter, tree: dict | None = None):
         if not isinstance(drafter, FeatureDrafter):
-            raise ValueError(f"drafter must be a FeatureDrafter (see ll.speculative.eagle.load_drafter), got {type(drafter).__name__}")
+            raise ValueError(f"drafter must be a FeatureDrafter (see ll.speculative.eagle.load_pretrained), got {type(drafter).__name__}")
         if tree is not None:
             dynamic = isinstance(tree, dict) and set(tree) == {"top_k", "nodes"} and all(
                 isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in tree.values())

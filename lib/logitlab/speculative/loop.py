@@ -52,7 +52,7 @@ from ..decoding.prompts import eos_ids, prompt_batch
 from ..decoding.tree_shape import depths, tree_attention_mask
 from ..devices import model_device, now
 from ..sampling.pipeline import SamplingConfig, target_probs
-from .acceptance import AcceptanceRule, check_rule
+from .acceptance import AcceptanceRule, check_rule, read_kept
 from .drafter import Drafter, DraftTree, check_drafter
 from .result import CallLog, Outputs, SpeculativeResult
 from .theory import call_counts
@@ -265,7 +265,7 @@ def _call(run, pending, gamma, active, look) -> torch.Tensor:
             nxt = acceptance.first_token(logits[:, 0], config, generator)
         else:
             num, nxt = acceptance(drafts, q, p, logits, config, generator)
-        kept = _read_kept(num, logits, q)
+        kept = read_kept(num, logits, q)
         # The kept drafts, then the next token at position num: what each row emits, num + 1 tokens.
         emitted = torch.cat([drafts, nxt[:, None]], dim=1).scatter(1, num[:, None], nxt[:, None])
         out.add(active, emitted, logits, p, [k + 1 for k in kept])
@@ -274,18 +274,6 @@ def _call(run, pending, gamma, active, look) -> torch.Tensor:
     t2 = now(device)
     run.log.record([call_counts(n, k, g) for n, k in zip(kept, out.kept_since(active, before))], g, t0, t1, t2)
     return nxt
-
-
-def _read_kept(num, logits, q) -> list[int]:
-    """How many drafts each row keeps, read from the device together with whether the target's
-    logits (or the drafter's ``q``) hold what ``check_logits`` (``check_probs``) refuses: the call's
-    one read of its verification. The rules ran under ``trusted()``; here the check catches up."""
-    invalid = bad_logits(logits) if q is None else bad_logits(logits) | torch.isnan(q).any()
-    *kept, bad = torch.cat([num, invalid.long()[None]]).tolist()
-    if bad:
-        check_logits(logits, "the target's logits")  # raises, saying what is wrong
-        raise ValueError("q, the drafter's probabilities, contains NaN")
-    return kept
 
 
 def _masked_positions(look, logits, drafts) -> torch.Tensor:

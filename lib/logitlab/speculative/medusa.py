@@ -36,7 +36,7 @@ class MedusaDrafter(Drafter):
 
     def __init__(self, heads, proposals: str = "argmax", tree=None):
         if not all(hasattr(heads, a) for a in ("num_heads", "vocab_size")):
-            raise ValueError("heads must be MedusaHeads (see logitlab.speculative.medusa_heads.load_heads)")
+            raise ValueError("heads must be MedusaHeads (see logitlab.speculative.medusa_heads.load_pretrained)")
         if proposals not in ("argmax", "sample"):
             raise ValueError(f"proposals must be 'argmax' or 'sample', got {proposals!r}")
         if tree is not None:

@@ -95,7 +95,7 @@ def save_heads(heads: MedusaHeads, path: str) -> None:
     save_file(state, path)
 
 
-def load_heads(target, path: str | Path | None = None) -> MedusaHeads:
+def load_pretrained(target, path: str | Path | None = None) -> MedusaHeads:
     """Heads saved by ``save_heads`` (the shipped ones by default), built on ``target``'s embedding."""
     from safetensors.torch import load_file
 
@@ -116,7 +116,7 @@ def load_heads(target, path: str | Path | None = None) -> MedusaHeads:
 
 def _check_heads(heads, target):
     if not isinstance(heads, MedusaHeads):
-        raise ValueError(f"heads must be MedusaHeads (see logitlab.speculative.medusa_heads.load_heads), got {type(heads).__name__}")
+        raise ValueError(f"heads must be MedusaHeads (see logitlab.speculative.medusa_heads.load_pretrained), got {type(heads).__name__}")
     if heads.vocab_size != target.lm_head.weight.shape[0]:
         raise ValueError(f"heads score a vocabulary of {heads.vocab_size} tokens, the target "
                          f"{target.lm_head.weight.shape[0]}: they must be built on the target's output layer")

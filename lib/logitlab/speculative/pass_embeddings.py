@@ -37,14 +37,14 @@ from pathlib import Path
 
 import torch
 
-from .._validate import check_body_and_head, check_counts, check_generator
+from .._validate import bad_logits, check_body_and_head, check_counts, check_generator, check_logits, check_smollm2, trusted
 from ..decoding.cache import crop_cache
 from ..decoding.passes import forward, mask_positions, masked_forward
 from ..decoding.prompts import eos_ids, one_prompt
 from ..decoding.tree_shape import tree_attention_mask, tree_position_ids
 from ..devices import model_device, now
 from ..sampling.pipeline import SamplingConfig, draw, target_probs
-from .acceptance import RejectionSampling
+from .acceptance import RejectionSampling, read_kept
 from .drafter import Drafter
 from .result import CallLog, Outputs, SpeculativeResult
 from .theory import call_counts
@@ -165,15 +165,18 @@ def training_curve(path: str | Path | None = None) -> torch.Tensor | None:
     return load_file(str(PRETRAINED_LOOKAHEAD if path is None else path)).get("losses")
 
 
-def load_lookahead(model, path: str | Path, k: int | None = None) -> LookaheadEmbeddings:
-    """Embeddings saved by ``save_lookahead``, for ``model``; the first ``k`` of them if given.
+def load_pretrained(model, path: str | Path | None = None, k: int | None = None) -> LookaheadEmbeddings:
+    """Embeddings saved by ``save_lookahead`` (the book's trained set of eight for SmolLM2-135M
+    by default), for ``model``; the first ``k`` of them if given.
 
     Keeping the first ``k`` of a trained set is a valid smaller set: ``l_i`` only ever sees
     ``l_1 .. l_{i-1}``, so the later vectors never change what the earlier ones predict."""
     from safetensors.torch import load_file
 
+    if path is None:
+        check_smollm2(model, "model", "the shipped embeddings were")
     check_body_and_head(model, "model")
-    vectors = load_file(str(path))["vectors"]
+    vectors = load_file(str(PRETRAINED_LOOKAHEAD if path is None else path))["vectors"]
     size = model.model.embed_tokens.weight.shape[1]
     if vectors.dim() != 2 or vectors.shape[1] != size:
         raise ValueError(f"model: these embeddings have size {tuple(vectors.shape)[1:]}, the model's embedding "
@@ -185,16 +188,6 @@ def load_lookahead(model, path: str | Path, k: int | None = None) -> LookaheadEm
     with torch.no_grad():
         lookahead.vectors.copy_(vectors[:k].to(lookahead.vectors.device))
     return lookahead
-
-
-def load_pretrained(model, k: int = 8) -> LookaheadEmbeddings:
-    """The book's trained look-ahead embeddings for SmolLM2-135M (``k`` = 1 .. 8 of them)."""
-    config = getattr(model, "config", None)
-    shape = tuple(getattr(config, a, None) for a in ("vocab_size", "hidden_size", "num_hidden_layers"))
-    if shape != (49152, 576, 30):
-        raise ValueError("model must be SmolLM2-135M (vocab 49152, hidden size 576, 30 layers), the model the "
-                         f"shipped embeddings were trained for; got (vocab, hidden, layers) = {shape}")
-    return load_lookahead(model, PRETRAINED_LOOKAHEAD, k)
 
 
 # --- The single-call variant -------------------------------------------------------------------
@@ -306,13 +299,15 @@ class _SingleCall:
         self.cache, hidden = single_call_forward(self.target, self.lookahead, self.cache, self.pending, drafts, groups)
         # Verify with the loop's rule; only the chain and the kept prefix's slots need logits.
         chain = self.target.lm_head(hidden[: m + 1]).float()
-        p = target_probs(chain, self.config)
-        if m == 0:
-            num, nxt = 0, self.rule.first_token(chain[:1], self.config, self.generator)[0]
-        else:
-            num, nxt = self.rule(drafts[None], q[None], None if p is None else p[None], chain[None], self.config,
-                                 self.generator)
-            num, nxt = int(num[0]), nxt[0]
+        with trusted():  # the chain's logits and q are checked once, in the read of the kept count
+            p = target_probs(chain, self.config)
+            if m == 0:
+                num, nxt = torch.zeros(1, dtype=torch.long, device=chain.device), \
+                    self.rule.first_token(chain[:1], self.config, self.generator)
+            else:
+                num, nxt = self.rule(drafts[None], q[None], None if p is None else p[None], chain[None],
+                                     self.config, self.generator)
+        num, nxt = read_kept(num, chain, q)[0], nxt[0]
         emitted = torch.cat([drafts[:num], nxt.reshape(1)])
         out.add([0], emitted[None], chain[None, : num + 1], None if p is None else p[None, : num + 1],
                 [num + 1])
@@ -329,11 +324,15 @@ class _SingleCall:
             self.drafts = torch.zeros(0, dtype=torch.long, device=logits.device)
             self.q, self.conf = logits[:, :0], []
             return
-        self.drafts, self.q = draw(logits, self.config, self.generator)
+        with trusted():  # the slots' logits are checked below, in the read of the confidences
+            self.drafts, self.q = draw(logits, self.config, self.generator)
         # The drafter's own probability of each draft (at T = 0 under its T = 1 distribution): a
         # guess of how likely each is to be kept, used only to place the slots.
         probs = self.q if self.config.temperature > 0 else torch.softmax(logits, dim=-1)
-        self.conf = probs.gather(-1, self.drafts[:, None]).squeeze(-1).tolist()
+        conf = probs.gather(-1, self.drafts[:, None]).squeeze(-1)
+        *self.conf, invalid = torch.cat([conf, bad_logits(logits).to(conf.dtype)[None]]).tolist()
+        if invalid:
+            check_logits(logits, "the target's logits")  # raises, saying what is wrong
 
 def _likely_stop(conf: list[float]) -> int:
     """The prefix length j most likely to be kept if draft i passes with probability ``conf[i]``,

@@ -1,6 +1,6 @@
 """Train the feature-level (EAGLE) drafter for SmolLM2-135M, for chapter 9.
 
-The shipped drafter (``ll.speculative.eagle.load_drafter``) was made with
+The shipped drafter (``ll.speculative.eagle.load_pretrained``) was made with
 
     python -m logitlab.training.eagle --data eagle_data.pt --steps 1200 --out eagle.safetensors
 

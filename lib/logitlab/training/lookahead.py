@@ -47,7 +47,7 @@ from ..decoding.tree_shape import tree_attention_mask, tree_position_ids
 from ..speculative.pass_embeddings import (
     LookaheadEmbeddings,
     check_lookahead,
-    load_lookahead,
+    load_pretrained,
     save_lookahead,
     training_curve,
     training_layout,
@@ -301,7 +301,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     start, before = None, []
     if args.init:
-        start = load_lookahead(model, args.init)
+        start = load_pretrained(model, args.init)
         curve = training_curve(args.init)
         before = [] if curve is None else curve.tolist()
     lookahead, losses = train_lookahead(model, args.k, data, args.steps, args.lr, args.batch, args.groups,

@@ -1,6 +1,6 @@
 """Train Medusa heads for SmolLM2-135M, for chapter 7 ("Typical acceptance").
 
-The shipped heads (``ll.speculative.medusa_heads.load_heads``) were made with
+The shipped heads (``ll.speculative.medusa_heads.load_pretrained``) were made with
 
     python -m logitlab.training.medusa --gen-seconds 600 --data medusa_data.pt --also draft_data.pt \
         --steps 1500 --out heads.safetensors
