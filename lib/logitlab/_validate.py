@@ -69,14 +69,23 @@ def check_number(value, name: str, allowed: str, ok) -> float:
     raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
 
-def check_int(value, name: str, minimum: int, allowed: str | None = None) -> int:
-    """Return ``value`` as an int if it is an integer (not a bool) >= ``minimum``.
+def check_int(value, name: str, minimum: int, allowed: str | None = None, maximum: int | None = None) -> int:
+    """Return ``value`` as an int if it is an integer (not a bool) in [``minimum``, ``maximum``].
 
     ``2.0`` is refused: where a count is expected, a float is usually a computation gone wrong.
     """
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum:
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum \
+            and (maximum is None or value <= maximum):
         return int(value)
-    raise ValueError(f"{name} must be {allowed or f'an integer >= {minimum}'}, got {value!r}")
+    default = f"an integer >= {minimum}" if maximum is None else f"an integer in [{minimum}, {maximum}]"
+    raise ValueError(f"{name} must be {allowed or default}, got {value!r}")
+
+
+def check_flag(value, name: str) -> bool:
+    """``value`` if it is True or False (``1`` is refused: a switch is not a count)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
 
 
 def check_logits(logits, name: str = "logits") -> torch.Tensor:

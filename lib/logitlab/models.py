@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from . import fast_cpu
+from ._validate import check_flag
 from .devices import pick_device
 from .toy import NGramLM, toy_bigram, toy_model  # noqa: F401  (re-exported: ll.models.toy_model)
 
@@ -82,8 +83,7 @@ def load(name: str = "smollm2-135m", device: torch.device | str | None = None, d
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a model name string; known names: {sorted(KNOWN_MODELS)}")
-    if not isinstance(fast, bool):
-        raise ValueError(f"fast must be True or False, got {fast!r}")
+    check_flag(fast, "fast")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     start = time.perf_counter()

@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ._validate import check_int
 from .probs import softmax
 
 
@@ -74,10 +75,8 @@ class NGramCache:
     def crop(self, tokens_to_remove: int) -> None:
         """Drop the last ``-tokens_to_remove`` tokens, as ``DynamicCache.crop`` does in
         transformers 5 (which accepts only a number <= 0): the rollback of speculative decoding."""
-        if isinstance(tokens_to_remove, bool) or not isinstance(tokens_to_remove, int) \
-                or not -self.length <= tokens_to_remove <= 0:
-            raise ValueError(f"tokens_to_remove must be an integer in [-{self.length}, 0] "
-                             f"(minus the number of tokens to drop), got {tokens_to_remove!r}")
+        tokens_to_remove = check_int(tokens_to_remove, "tokens_to_remove", -self.length,
+                                     f"an integer in [-{self.length}, 0] (minus the number of tokens to drop)", 0)
         keep = self.length + tokens_to_remove
         self.tokens, self.positions = self.tokens[:, :keep], self.positions[:, :keep]
 

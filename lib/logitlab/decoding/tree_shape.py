@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .._validate import check_parents
+from .._validate import check_int, check_parents
 
 
 def tree_attention_mask(parents) -> torch.Tensor:
@@ -39,8 +39,7 @@ def tree_position_ids(parents, offset: int = 0) -> torch.Tensor:
     """``[n]``: the position of each node in its own path after a prompt of ``offset`` tokens,
     ``offset + depth - 1``. Siblings share a position: they are alternatives for one place."""
     parents = check_parents(parents)
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise ValueError(f"offset must be an integer >= 0 (the prompt's length), got {offset!r}")
+    offset = check_int(offset, "offset", 0, "an integer >= 0 (the prompt's length)")
     return offset + torch.tensor(depths(parents), dtype=torch.long, device="cpu") - 1
 
 

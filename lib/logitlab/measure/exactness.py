@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from .._validate import check_int, check_number
 from ..devices import exact_dtype, model_device
 from ..devices import generator as seeded_generator
 from ..speculative.loop import speculative_generate
@@ -30,11 +31,10 @@ def output_distance(target, drafter, acceptance, prompt=(1,), length: int = 3, s
     from collections import Counter
 
     vocab = int(target.config.vocab_size)
-    for name, value in [("length", length), ("samples", samples), ("gamma", gamma)]:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
-        raise ValueError(f"temperature must be a number > 0 (the distance of a sampled output), got {temperature!r}")
+    length, samples, gamma = (check_int(v, name, 1) for name, v in [("length", length), ("samples", samples),
+                                                                       ("gamma", gamma)])
+    temperature = check_number(temperature, "temperature", "a number > 0 (the distance of a sampled output)",
+                               lambda v: v > 0)
     if not prompt or any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in prompt):
         raise ValueError(f"prompt must be a non-empty sequence of token ids in [0, {vocab}), got {prompt!r}")
     if vocab ** length > 100_000:

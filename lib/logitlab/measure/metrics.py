@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from .._validate import check_int
+
 
 def ngrams(tokens, n: int) -> list[tuple[int, ...]]:
     """The n-grams of one sequence of token ids, in order."""
@@ -44,5 +46,4 @@ def repetition_rate(tokens, n: int = 3) -> float:
 
 
 def _check_n(n) -> None:
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"n must be an integer >= 1, got {n!r}")
+    n = check_int(n, "n", 1)

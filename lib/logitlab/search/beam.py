@@ -31,12 +31,12 @@ were kept (a beam can take over another beam's row, or two beams can descend fro
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass, field
 
 import torch
 
-from .._validate import bad_logits, check_counts, check_logits, check_model, check_processors, trusted
+from .._validate import (bad_logits, check_counts, check_int, check_logits, check_model, check_number, check_processors,
+                         trusted)
 from ..constrained.constraint import constraint_rows, mask_rows
 from ..decoding.passes import forward, prefill
 from ..decoding.prompts import eos_ids, prompt_batch
@@ -314,19 +314,12 @@ def _newly_stored(stored, stored_scores, fresh, step):
 
 def _check_arguments(num_beams, max_new_tokens, length_penalty, early_stopping, num_return_sequences):
     """Validate beam search's own arguments; numpy numbers are fine. Returns them as Python numbers."""
-    def integer(v):
-        return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-    if not integer(num_beams) or num_beams < 1:
-        raise ValueError(f"num_beams must be an integer >= 1, got {num_beams!r}")
+    num_beams = check_int(num_beams, "num_beams", 1)
     max_new_tokens = check_counts(max_new_tokens)[0]
-    if isinstance(length_penalty, bool) or not isinstance(length_penalty, numbers.Real) \
-            or not math.isfinite(length_penalty):
-        raise ValueError(f"length_penalty must be a finite number, got {length_penalty!r}")
+    length_penalty = check_number(length_penalty, "length_penalty", "a finite number", math.isfinite)
     # `is` tests: 1 == True in Python, but early_stopping=1 would then run as neither rule.
     if not (early_stopping is True or early_stopping is False or early_stopping == "never"):
         raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
-    if not integer(num_return_sequences) or not 1 <= num_return_sequences <= num_beams:
-        raise ValueError(f"num_return_sequences must be an integer in [1, num_beams={num_beams}], "
-                         f"got {num_return_sequences!r}")
-    return int(num_beams), max_new_tokens, float(length_penalty), int(num_return_sequences)
+    num_return_sequences = check_int(num_return_sequences, "num_return_sequences", 1,
+                                     f"an integer in [1, num_beams={num_beams}]", maximum=num_beams)
+    return num_beams, max_new_tokens, length_penalty, num_return_sequences

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .._validate import (bad_logits, check_branching, check_generator, check_logits, check_model, check_parents,
-                         checking_values, trusted)
+from .._validate import (bad_logits, check_branching, check_generator, check_logits, check_flag, check_int,
+                         check_model, check_parents, checking_values, trusted)
 from ..decoding.passes import masked_forward
 from ..decoding.prompts import one_prompt
 from ..decoding.tree_shape import ancestors, depths, leaves, tree_attention_mask, tree_position_ids
@@ -169,8 +169,7 @@ def gumbel_top_k(logits: torch.Tensor, k: int, generator: torch.Generator | None
     exceed the number of tokens with a finite logit in any row.
     """
     check_logits(logits)
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    k = check_int(k, "k", 1)
     if checking_values():  # inside trusted(), the caller has counted the possible tokens
         possible = int((logits > float("-inf")).sum(dim=-1).min())
         if k > possible:
@@ -221,8 +220,7 @@ def sample_tree(
     """
     config = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p)
     branching = check_branching(branching)
-    if not isinstance(with_replacement, bool):
-        raise ValueError(f"with_replacement must be True or False, got {with_replacement!r}")
+    with_replacement = check_flag(with_replacement, "with_replacement")
     device = model_device(model)
     check_generator(generator, device)
     ids = one_prompt(input_ids, None, check_model(model))

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from .. import fast_cpu
-from .._validate import check_smollm2
+from .._validate import check_flag, check_smollm2
 from ..decoding.cache import roll_back
 from ..decoding.passes import forward, mask_positions, prefill
 from ..sampling.pipeline import draw
@@ -136,8 +136,7 @@ def load_pretrained(target, path: str | Path | None = None, full_vocabulary: boo
     """
     if path is None:
         check_smollm2(target, "target", "the shipped draft was")
-    if not isinstance(full_vocabulary, bool):
-        raise ValueError(f"full_vocabulary must be True or False, got {full_vocabulary!r}")
+    check_flag(full_vocabulary, "full_vocabulary")
     path = str(PRETRAINED_DRAFT if path is None else path)
     from safetensors import safe_open
     from safetensors.torch import load_file

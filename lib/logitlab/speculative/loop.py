@@ -30,7 +30,6 @@ verification rules in ``verify``, what the loop returns in ``result``.
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +39,7 @@ from .._validate import (
     check_body_and_head,
     check_counts,
     check_generator,
+    check_int,
     check_logits,
     check_model,
     trusted,
@@ -323,6 +323,4 @@ def _tree_call(run, pending, tree, active, look):
 
 def check_gamma(gamma) -> int:
     """Tokens drafted per call: an integer >= 1 (numpy integers are fine)."""
-    if isinstance(gamma, bool) or not isinstance(gamma, numbers.Integral) or gamma < 1:
-        raise ValueError(f"gamma must be an integer >= 1 (tokens drafted per call), got {gamma!r}")
-    return int(gamma)
+    return check_int(gamma, "gamma", 1, "an integer >= 1 (tokens drafted per call)")

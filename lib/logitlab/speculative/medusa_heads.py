@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from .._validate import check_body_and_head
+from .._validate import check_body_and_head, check_int
 from .loop import speculative_generate
 from .medusa import MedusaDrafter
 from .result import SpeculativeResult
@@ -67,8 +67,7 @@ class MedusaHeads(torch.nn.Module):
 
     def __init__(self, embedding: torch.Tensor, num_heads: int, vocab: torch.Tensor | None = None):
         super().__init__()
-        if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
-            raise ValueError(f"num_heads must be an integer >= 1, got {num_heads!r}")
+        num_heads = check_int(num_heads, "num_heads", 1)
         self.vocab_size, hidden = embedding.shape
         self.num_heads = num_heads
         self.blocks = torch.nn.ModuleList(ResBlock(hidden) for _ in range(num_heads))

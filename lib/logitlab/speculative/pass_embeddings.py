@@ -37,7 +37,8 @@ from pathlib import Path
 
 import torch
 
-from .._validate import bad_logits, check_body_and_head, check_counts, check_generator, check_logits, check_smollm2, trusted
+from .._validate import (bad_logits, check_body_and_head, check_counts, check_generator, check_int, check_logits,
+                         check_smollm2, trusted)
 from ..decoding.cache import crop_cache
 from ..decoding.passes import forward, mask_positions, masked_forward
 from ..decoding.prompts import eos_ids, one_prompt
@@ -65,8 +66,7 @@ class LookaheadEmbeddings(torch.nn.Module, Drafter):
     def __init__(self, model, k: int, seed: int = 0):
         super().__init__()
         check_body_and_head(model, "model")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"k (the number of look-ahead embeddings) must be an integer >= 1, got {k!r}")
+        k = check_int(k, "k (the number of look-ahead embeddings)", 1)
         embedding = model.model.embed_tokens.weight.detach().float()
         # Seeded on the CPU, so that a seed gives the same vectors on every device.
         noise = torch.randn(k, embedding.shape[1], generator=torch.Generator(device="cpu").manual_seed(seed))
@@ -182,8 +182,7 @@ def load_pretrained(model, path: str | Path | None = None, k: int | None = None)
         raise ValueError(f"model: these embeddings have size {tuple(vectors.shape)[1:]}, the model's embedding "
                          f"size is {size}; they were trained for another model")
     k = vectors.shape[0] if k is None else k
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= vectors.shape[0]:
-        raise ValueError(f"k must be an integer in [1, {vectors.shape[0]}] (the saved embeddings), got {k!r}")
+    k = check_int(k, "k", 1, f"an integer in [1, {vectors.shape[0]}] (the saved embeddings)", vectors.shape[0])
     lookahead = LookaheadEmbeddings(model, k)
     with torch.no_grad():
         lookahead.vectors.copy_(vectors[:k].to(lookahead.vectors.device))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from .._validate import check_int
 from .drafter import Drafter
 
 
@@ -21,8 +22,7 @@ class PromptLookupDrafter(Drafter):
     """
 
     def __init__(self, vocab_size: int, max_ngram: int = 3, min_ngram: int = 1, match: str = "earliest"):
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
-            raise ValueError(f"vocab_size must be an integer >= 1, got {vocab_size!r}")
+        vocab_size = check_int(vocab_size, "vocab_size", 1)
         if not (isinstance(min_ngram, int) and isinstance(max_ngram, int) and 1 <= min_ngram <= max_ngram):
             raise ValueError(f"need integers 1 <= min_ngram <= max_ngram, got {min_ngram!r}, {max_ngram!r}")
         if match not in ("earliest", "latest"):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .._validate import check_probs
+from .._validate import check_int, check_number, check_probs
 from ..decoding.result import GenerationResult
 
 
@@ -47,13 +47,11 @@ def speedup(alpha: float, gamma: int, c: float, verify_cost: float = 1.0, call_o
     model; :func:`loop_overhead` reads them from a run's recorded timings.
     """
     alpha, gamma = _check_alpha_gamma(alpha, gamma)
-    if isinstance(c, bool) or not isinstance(c, (int, float)) or not c >= 0:
-        raise ValueError(f"c (drafter step / target step) must be a number >= 0, got {c!r}")
-    if isinstance(verify_cost, bool) or not isinstance(verify_cost, (int, float)) or not verify_cost > 0:
-        raise ValueError(f"verify_cost must be a number > 0, got {verify_cost!r}")
-    for name, value in (("call_overhead", call_overhead), ("step_overhead", step_overhead)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-            raise ValueError(f"{name} (the loop's own work, in target steps) must be a number >= 0, got {value!r}")
+    c = check_number(c, "c (drafter step / target step)", "a number >= 0", lambda v: v >= 0)
+    verify_cost = check_number(verify_cost, "verify_cost", "a number > 0", lambda v: v > 0)
+    call_overhead, step_overhead = (
+        check_number(v, f"{name} (the loop's own work, in target steps)", "a number >= 0", lambda v: v >= 0)
+        for name, v in (("call_overhead", call_overhead), ("step_overhead", step_overhead)))
     return expected_tokens(alpha, gamma) * (1 + step_overhead) / (gamma * c + verify_cost + call_overhead)
 
 
@@ -68,10 +66,8 @@ def loop_overhead(result: GenerationResult, step: float, verify_cost, draft_step
     drafts and the pending token; a tree's pass sizes are not in its result, so this reads chains
     and plain decoding only. Negative values are possible: passes timed apart can run slower than
     inside the loop."""
-    if isinstance(step, bool) or not isinstance(step, (int, float)) or not step > 0:
-        raise ValueError(f"step (seconds of a decode step) must be a number > 0, got {step!r}")
-    if isinstance(draft_step, bool) or not isinstance(draft_step, (int, float)) or not draft_step >= 0:
-        raise ValueError(f"draft_step (seconds of a drafter step) must be a number >= 0, got {draft_step!r}")
+    step = check_number(step, "step (seconds of a decode step)", "a number > 0", lambda v: v > 0)
+    draft_step = check_number(draft_step, "draft_step (seconds of a drafter step)", "a number >= 0", lambda v: v >= 0)
     drafted = getattr(result, "drafted", None)
     sizes = [g + 1 for g in drafted] if drafted is not None else [1] * len(result.step_seconds)
     if not sizes:
@@ -82,11 +78,7 @@ def loop_overhead(result: GenerationResult, step: float, verify_cost, draft_step
 
 
 def _check_alpha_gamma(alpha, gamma):
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
-        raise ValueError(f"alpha must be a number in [0, 1], got {alpha!r}")
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-        raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
-    return float(alpha), gamma
+    return check_number(alpha, "alpha", "a number in [0, 1]", lambda v: 0 <= v <= 1), check_int(gamma, "gamma", 1)
 
 
 def pooled_alpha(results) -> float:

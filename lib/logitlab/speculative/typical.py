@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from .._validate import check_generator, check_probs
+from .._validate import check_generator, check_number, check_probs
 from ..devices import exact_dtype
 from ..probs import softmax
 from ..sampling.draw import inverse_transform
@@ -37,11 +37,9 @@ from .tree_verify import check_tree, deepest_path, greedy_tree
 
 
 def _check_epsilon_delta(epsilon, delta):
-    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not 0 < epsilon < 1:
-        raise ValueError(f"epsilon (the threshold's upper bound) must be a number in (0, 1), got {epsilon!r}")
-    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not delta > 0:
-        raise ValueError(f"delta (the entropy-scaled threshold's factor) must be a number > 0, got {delta!r}")
-    return float(epsilon), float(delta)
+    epsilon = check_number(epsilon, "epsilon (the threshold's upper bound)", "a number in (0, 1)", lambda v: 0 < v < 1)
+    delta = check_number(delta, "delta (the entropy-scaled threshold's factor)", "a number > 0", lambda v: v > 0)
+    return epsilon, delta
 
 
 def match_probability(p: torch.Tensor) -> torch.Tensor:
