@@ -20,7 +20,7 @@ from test_medusa import random_heads
 from test_speculative import P_MIN, tiny_llama
 
 import logitlab as ll
-from logitlab.constrained.constraint import Constraint, LookAhead
+from logitlab.constrained.constraint import Constraint, DraftStates
 from logitlab.speculative.drafter import Drafter, DraftTree
 from logitlab.speculative.medusa import MedusaDrafter
 from logitlab.speculative.eagle import EagleDrafter, FeatureDrafter
@@ -50,14 +50,14 @@ def test_each_node_is_in_the_state_after_its_own_path():
     # complete), 9 "a" after "d" (a match would need 2 more tokens, 1 is left), 10 "ab" after "d".
     parents = [-1, 0, 0, 0, 1, 1, 3, 2, 1, 2, 2]
     tokens = torch.tensor([[D, A, D, C, B, A, D, EOS, EOS, A, AB]])
-    nodes = LookAhead([c], [start], [2]).tree(tokens, [parents])
+    nodes = DraftStates([c], [start], [2]).tree(tokens, [parents])
     assert nodes.states == [start, after_a, loop, -1, loop, -1, -1, loop, -1, -1, loop]
     assert nodes.tokens_left == [2, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0]
     allowed = torch.isfinite(nodes.mask(torch.zeros(11, 6)))
     assert allowed.any(dim=-1).all()  # every node keeps a token: its distribution exists
     assert allowed[[3, 5, 6, 8, 9]].tolist() == [[False] * 5 + [True]] * 5  # off the pattern: EOS only
     assert allowed[1].nonzero().flatten().tolist() == [B, C]
-    unconstrained = LookAhead([None], [0], [2]).tree(tokens, [parents])
+    unconstrained = DraftStates([None], [0], [2]).tree(tokens, [parents])
     assert unconstrained.states == [0] * 11 and not torch.isinf(unconstrained.mask(torch.zeros(11, 6))).any()
 
 
@@ -190,10 +190,10 @@ def test_the_test_catches_nodes_masked_in_the_roots_state(monkeypatch):
 
     def roots_state(self, tokens, parents):
         n = tokens.shape[1]
-        return LookAhead(*([x for x in values for _ in range(n)]
+        return DraftStates(*([x for x in values for _ in range(n)]
                            for values in (self.constraints, self.states, self.tokens_left)))
 
-    monkeypatch.setattr(LookAhead, "tree", roots_state)
+    monkeypatch.setattr(DraftStates, "tree", roots_state)
     out, probs = constrained_tree_run("medusa", dict(temperature=1.0))
     assert chi_square_pvalue(out.new_tokens, probs) < P_MIN
 

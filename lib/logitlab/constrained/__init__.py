@@ -8,7 +8,7 @@ row helpers the loops use.
 """
 
 from . import index, json_schema, regex, vocabulary
-from .constraint import Constraint, LookAhead, advance_rows, constraint_rows, mask_rows, state_after
+from .constraint import Constraint, DraftStates, advance_rows, constraint_rows, mask_rows, state_after
 
-__all__ = ["Constraint", "LookAhead", "advance_rows", "constraint_rows", "index", "json_schema", "mask_rows", "regex",
+__all__ = ["Constraint", "DraftStates", "advance_rows", "constraint_rows", "index", "json_schema", "mask_rows", "regex",
            "state_after", "vocabulary"]

@@ -175,10 +175,9 @@ def state_after(constraint, state: int, token: int, tokens_left: int) -> int:
     return moved if moved >= 0 and int(constraint.index.remaining[moved]) < tokens_left else -1
 
 
-class LookAhead:
-    """The automaton state of each row while a loop looks ahead of what it has kept: the
-    drafts of speculative decoding, which the drafter proposes and the target scores position
-    by position. ``mask`` the logits of the next position, ``advance`` by the tokens placed
+class DraftStates:
+    """The automaton state of each row along the drafts of speculative decoding, ahead of what
+    the row has kept: the drafter proposes them and the target scores them position by position. ``mask`` the logits of the next position, ``advance`` by the tokens placed
     there. A token the constraint forbids (a drafter that ignores it) sends its row off the
     pattern (-1), where only EOS is allowed: the target then rejects that draft. ``tree`` gives
     the state of every node of a tree of drafts, each after the path that leads to it."""
@@ -189,19 +188,19 @@ class LookAhead:
     def mask(self, logits: torch.Tensor) -> torch.Tensor:
         return mask_rows(self.constraints, self.states, logits, self.tokens_left)
 
-    def copy(self) -> "LookAhead":
-        return LookAhead(self.constraints, self.states, self.tokens_left)
+    def copy(self) -> "DraftStates":
+        return DraftStates(self.constraints, self.states, self.tokens_left)
 
     def advance(self, tokens: torch.Tensor) -> None:
         self.states = [state_after(c, s, t, left)
                        for c, s, t, left in zip(self.constraints, self.states, tokens.tolist(), self.tokens_left)]
         self.tokens_left = [left - 1 for left in self.tokens_left]
 
-    def tree(self, tokens: torch.Tensor, parents: list[list[int]]) -> "LookAhead":
+    def tree(self, tokens: torch.Tensor, parents: list[list[int]]) -> "DraftStates":
         """Every node of each row's tree as a row of its own (``B * n`` rows, row b's nodes in
         order), in the state after the tokens on the path from the root to it. ``tokens`` ``[B, n]``
         and ``parents`` one list per row, in ``logitlab.speculative.tree_verify``'s form: node 0 is the
-        root, the token this look-ahead already stands after."""
+        root, the token these states already stand after."""
         constraints, states, tokens_left = [], [], []
         for c, state, left, row, ids in zip(self.constraints, self.states, self.tokens_left, parents, tokens.tolist()):
             node_states, node_left = [state], [left]
@@ -211,4 +210,4 @@ class LookAhead:
             constraints += [c] * len(row)
             states += node_states
             tokens_left += node_left
-        return LookAhead(constraints, states, tokens_left)
+        return DraftStates(constraints, states, tokens_left)

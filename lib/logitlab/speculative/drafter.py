@@ -65,12 +65,12 @@ class Drafter:
     # states it is handed (``observe_states``) are then those layers' outputs, concatenated.
     feature_layers: tuple[int, ...] | None = None
     # Set by the loop before each call when the output is constrained (chapter 10): the rows'
-    # ``logitlab.constrained.constraint.LookAhead``. A drafter that samples its proposals token by token
+    # ``logitlab.constrained.constraint.DraftStates``. A drafter that samples its proposals token by token
     # passes its logits through ``constrained`` and its tokens to ``drafted``, so that it
     # proposes only tokens the constraint allows (its q is then the masked distribution). A
     # drafter that ignores it stays exact: the target rejects what the constraint forbids. The
     # tree drafters (EAGLE's and Medusa's trees) ignore it: the loop masks the target after each
-    # node in the state after that node's path (``LookAhead.tree``), and a forbidden node is rejected.
+    # node in the state after that node's path (``DraftStates.tree``), and a forbidden node is rejected.
     constraint = None
 
     def constrained(self, logits: torch.Tensor) -> torch.Tensor:

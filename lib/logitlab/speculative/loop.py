@@ -45,7 +45,7 @@ from .._validate import (
     trusted,
     vocab_size,
 )
-from ..constrained.constraint import LookAhead, constraint_rows
+from ..constrained.constraint import DraftStates, constraint_rows
 from ..decoding.cache import keep_in_block, roll_back
 from ..decoding.passes import forward, mask_positions, prefill, tree_forward
 from ..decoding.prompts import eos_ids, prompt_batch
@@ -180,7 +180,7 @@ def speculative_generate(
     ids, mask = ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0)
     began, out = now(device), Outputs(len(ids), eos, max_new_tokens)
     run = _Run(_Target(target, drafter), drafter, acceptance, config, generator, out, CallLog())
-    pending = _first_token(run, ids, mask, look_ahead(out, constraints))
+    pending = _first_token(run, ids, mask, draft_states(out, constraints))
     active = list(range(len(ids)))
     run.log.prefill_seconds = now(device) - began
     while True:
@@ -194,13 +194,13 @@ def speculative_generate(
             active, pending = [active[i] for i in keep], pending[keep_t]
         left = max(max_new_tokens - len(out.tokens[r]) for r in active)  # no more than any row needs
         with trusted():  # the target's logits are checked once per call, in `_call`'s read of the counts
-            pending = _call(run, pending, min(gamma, left), active, look_ahead(out, constraints, active))
+            pending = _call(run, pending, min(gamma, left), active, draft_states(out, constraints, active))
     prompts = [row[m.bool()] for row, m in zip(ids, mask)]
     return out.result(prompts, [r // n for r in range(len(ids))], tokenizer, device, run.log,
                       seconds=now(device) - began, drafter_steps=drafter.steps)
 
 
-def look_ahead(out: "Outputs", constraints, rows=None) -> LookAhead | None:
+def draft_states(out: "Outputs", constraints, rows=None) -> DraftStates | None:
     """Each row's automaton state after the tokens it has kept (None without a constraint)."""
     if constraints is None:
         return None
@@ -211,7 +211,7 @@ def look_ahead(out: "Outputs", constraints, rows=None) -> LookAhead | None:
         for token in out.tokens[r] if constraints[r] is not None else ():
             state = constraints[r].next_state(state, token)
         states.append(state)
-    return LookAhead([constraints[r] for r in rows], states, [out.max_new_tokens - len(out.tokens[r]) for r in rows])
+    return DraftStates([constraints[r] for r in rows], states, [out.max_new_tokens - len(out.tokens[r]) for r in rows])
 
 
 @dataclass
