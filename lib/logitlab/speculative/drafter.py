@@ -1,9 +1,11 @@
 """The drafter interface: what ``ll.speculative_generate`` asks of whoever proposes tokens.
 
 Chapter 6 ("Speculative sampling") introduces it. The loop depends on this interface only;
-the drafters themselves live elsewhere: a draft model and prompt lookup in
-``logitlab.speculative.draft_model`` (chapter 6), Medusa heads in ``logitlab.speculative.draft_model`` too (chapter 7), PaSS
-look-ahead embeddings in ``logitlab.speculative.pass_embeddings`` (chapter 8).
+the drafters themselves live beside it, each in its own module: a draft model in
+``logitlab.speculative.draft_model`` and prompt lookup in ``logitlab.speculative.prompt_lookup``
+(chapter 6), Medusa heads in ``logitlab.speculative.medusa`` (chapter 7), PaSS look-ahead
+embeddings in ``logitlab.speculative.pass_embeddings`` (chapter 8), the feature-level drafter in
+``logitlab.speculative.eagle`` (chapter 9).
 
 A call of the loop goes: ``propose`` (up to ``gamma`` tokens and the distributions they were
 drawn from), the target's verification pass, then ``rollback`` with how many proposals each row
