@@ -6,9 +6,9 @@
 * ``loop``: ``speculative_generate``, the one loop every drafter runs in; ``result``: what it returns;
 * the drafters, each in its own module beside its model: ``drafter`` (the interface),
   ``draft_model`` and ``prompt_lookup`` (chapter 6), ``medusa`` and ``medusa_heads`` (chapter 7),
-  ``pass_embeddings`` (PaSS, chapter 8), ``eagle`` (chapter 9), ``suffix_automaton`` (drafting
-  from the text so far and a corpus, no model); ``subset_head`` is the cheaper output layer two
-  of them share.
+  ``pass_embeddings`` (PaSS, chapter 8), ``eagle`` (chapter 9); with no model at all,
+  ``suffix_automaton`` (the text so far and a corpus) and ``token_recycling`` (the target's own
+  earlier guesses); ``subset_head`` is the cheaper output layer two of them share.
 
 The theory and the rules read as ``ll.speculative.speedup``, ``ll.speculative.verify``.
 """
@@ -25,6 +25,7 @@ from . import (
                subset_head,
                suffix_automaton,
                theory,
+               token_recycling,
                tree_verify,
                typical,
 )
@@ -36,4 +37,5 @@ from .theory import acceptance_rate, examined_drafts, expected_tokens, loop_over
 __all__ = ["AcceptanceRule", "GreedyMatching", "RejectionSampling", "SpeculativeResult", "acceptance_rate",
            "draft_model", "drafter", "eagle", "examined_drafts", "expected_tokens", "greedy_verify", "loop_overhead",
            "medusa", "medusa_heads", "pass_embeddings", "pooled_alpha", "prompt_lookup", "result",
-           "speculative_generate", "speedup", "subset_head", "suffix_automaton", "theory", "tree_verify", "typical", "verify"]
+           "speculative_generate", "speedup", "subset_head", "suffix_automaton", "theory", "token_recycling",
+           "tree_verify", "typical", "verify"]

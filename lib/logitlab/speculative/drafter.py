@@ -66,6 +66,9 @@ class Drafter:
     # ... and, for a drafter that fuses several of the target's layers (chapter 9), which ones: the
     # states it is handed (``observe_states``) are then those layers' outputs, concatenated.
     feature_layers: tuple[int, ...] | None = None
+    # A drafter that learns from the target's own guesses (Token Recycling) sets this; the loop
+    # then hands it the target's logits after every token of every pass (``observe_logits``).
+    reads_logits: bool = False
     # Set by the loop before each call when the output is constrained (chapter 10): the rows'
     # ``logitlab.constrained.constraint.DraftStates``. A drafter that samples its proposals token by token
     # passes its logits through ``constrained`` and its tokens to ``drafted``, so that it
@@ -111,6 +114,11 @@ class Drafter:
         which of them row b kept ``[B, m]`` (after the prefill: the prompts and their attention
         mask; after a call: the pending token and the accepted drafts). A feature-level drafter
         (chapter 9) reads the whole history; Medusa heads need only the last (``observe``)."""
+
+    def observe_logits(self, tokens: torch.Tensor, logits: torch.Tensor) -> None:
+        """(Only called when ``reads_logits``.) The tokens the target was just fed ``[B, m]`` and
+        its logits after each ``[B, m, V]``: every node of a verified tree or chain, kept or not
+        (after the prefill: each prompt's last token)."""
 
     def rollback(self, num_accepted: torch.Tensor) -> None:
         """The target kept the first ``num_accepted[b]`` proposals of row b."""

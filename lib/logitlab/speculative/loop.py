@@ -76,6 +76,8 @@ class _Target:
         if self.hidden:
             self.drafter.observe(step.hidden[:, -1])
             self.drafter.observe_states(step.hidden, ids, mask)
+        if self.drafter.reads_logits:
+            self.drafter.observe_logits(ids[:, -1:], step.logits[:, -1:])
         return step.logits[:, -1]
 
     def score(self, pending, drafts) -> torch.Tensor:
@@ -87,6 +89,8 @@ class _Target:
         step = forward(self.model, input_ids=self.fed, attention_mask=self.mask, position_ids=positions,
                        cache=self.cache, hidden=self.hidden, layers=self.layers)
         self.cache, self.states = step.cache, step.hidden
+        if self.drafter.reads_logits:
+            self.drafter.observe_logits(self.fed, step.logits)
         return step.logits
 
     def score_tree(self, tokens: torch.Tensor, rows: list[list[int]]) -> torch.Tensor:
@@ -101,6 +105,8 @@ class _Target:
                             layers=self.layers)
         self.mask = torch.cat([self.mask, self.mask.new_ones(tokens.shape)], dim=1)
         self.cache, self.states, self.fed = step.cache, step.hidden, tokens
+        if self.drafter.reads_logits:
+            self.drafter.observe_logits(tokens, step.logits)
         return step.logits
 
     def keep_paths(self, fed: int, index: torch.Tensor, counts: torch.Tensor) -> None:

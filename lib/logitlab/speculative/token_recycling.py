@@ -1,0 +1,96 @@
+"""Token Recycling (Luo et al. 2024): drafts from the target's own earlier guesses, no model at all.
+
+Every verification pass computes the target's distribution after every token it was fed, and the
+loop keeps one token of it. Token Recycling keeps more: for every token t, the ``k`` tokens the
+target ranked highest the last time it was fed t (an adjacency table ``[V, k]``, read from passes
+the loop makes anyway). Each call's draft is a tree grown from the pending token breadth-first
+through that table on a fixed template: the child of rank r of a node holding token t holds
+``table[t, r]``.
+
+The output stays exact at every temperature: the tree is a function of what the target said in
+earlier passes, fixed before this call's verification draws anything, so each node is a point
+mass (``q`` None) and recursive rejection sampling keeps the target's distribution. That the
+table learns from the target changes which guesses are made, never how they are checked.
+
+The template is chosen by size: ``tree_template(n, rank_probs)`` keeps the ``n`` nodes a walk
+through the table is most likely to reach, if a child of rank r is kept with probability
+``rank_probs[r]``. How large a tree pays depends on what a pass over n tokens costs on the
+machine (the v(n) of chapter 6's cost model): small on a CPU, large on a GPU.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import torch
+
+from .._validate import check_int
+from ..decoding.tree_shape import depths
+from .drafter import Drafter, DraftTree
+
+# How often the target kept the child of each rank (1st, 2nd, ...), used to shape the template:
+# the rank-1 guess is the target's own top token after the same token last time.
+RANK_PROBS = (0.45, 0.15, 0.08, 0.05, 0.04, 0.03, 0.02, 0.02)
+
+
+def tree_template(size: int, rank_probs=RANK_PROBS) -> tuple[list[int], list[int]]:
+    """``(parents, ranks)`` of the ``size`` nodes with the highest chance to be reached, taking the
+    child of rank r as kept with probability ``rank_probs[r]``, independently: the chance of a node
+    is the product along its path, which only falls from parent to child, so the best ``size``
+    nodes form a tree. ``parents[i]`` is an earlier node's index or -1 (a child of the root)."""
+    size = check_int(size, "size", 1)
+    if not rank_probs or not all(0 < p <= 1 for p in rank_probs):
+        raise ValueError(f"rank_probs must be a non-empty sequence of probabilities in (0, 1], got {rank_probs!r}")
+    frontier = [(-p, -1, r) for r, p in enumerate(rank_probs)]  # (minus the chance, parent, rank)
+    heapq.heapify(frontier)
+    parents, ranks = [], []
+    while len(parents) < size:
+        chance, parent, rank = heapq.heappop(frontier)
+        parents.append(parent)
+        ranks.append(rank)
+        for r, p in enumerate(rank_probs):
+            heapq.heappush(frontier, (chance * p, len(parents) - 1, r))
+    return parents, ranks
+
+
+class TokenRecycler(Drafter):
+    """A tree of drafts read from the table of the target's earlier top-``k`` guesses.
+
+    ``nodes`` is the tree's size (``tree_template``'s), ``k`` the guesses kept per token (at least
+    the largest rank the template uses). The table starts empty (every entry token 0, which the
+    target rejects) and fills as the loop runs; it is kept between calls of
+    ``ll.speculative_generate``, so a drafter used again starts with what it learnt.
+    """
+
+    reads_logits = True
+
+    def __init__(self, vocab_size: int, nodes: int = 12, k: int = 8, rank_probs=RANK_PROBS):
+        self.vocab_size = check_int(vocab_size, "vocab_size", 1)
+        self.k = check_int(k, "k", 1)
+        self.parents, self.ranks = tree_template(nodes, tuple(rank_probs)[:self.k])
+        self.depths = depths(self.parents)  # a child of the root: 1
+        self.table = None
+
+    def memory(self) -> int:
+        """Entries of the table: what this drafter keeps (``vocab_size * k`` token ids)."""
+        return self.vocab_size * self.k
+
+    def observe_logits(self, tokens: torch.Tensor, logits: torch.Tensor) -> None:
+        if self.table is None or self.table.device != logits.device:
+            self.table = torch.zeros(self.vocab_size, self.k, dtype=torch.long, device=logits.device)
+        # A token fed twice in one pass keeps one of its rows (which one does not matter).
+        self.table[tokens.flatten()] = logits.topk(self.k, dim=-1).indices.flatten(0, 1)
+
+    def propose(self, next_tokens, gamma, config, generator=None):
+        if self.table is None:
+            self.table = torch.zeros(self.vocab_size, self.k, dtype=torch.long, device=next_tokens.device)
+        keep = [i for i, d in enumerate(self.depths) if d <= gamma]  # no deeper than gamma levels
+        index = {old: new for new, old in enumerate(keep)}
+        parents = [index[self.parents[i]] if self.parents[i] >= 0 else -1 for i in keep]
+        tokens = next_tokens.new_zeros(len(next_tokens), len(keep))
+        for depth in range(1, max(self.depths[i] for i in keep) + 1):  # breadth-first: a level at a time
+            level = [j for j, i in enumerate(keep) if self.depths[i] == depth]
+            above = torch.stack([next_tokens if parents[j] < 0 else tokens[:, parents[j]] for j in level], dim=1)
+            ranks = torch.tensor([self.ranks[keep[j]] for j in level], device=tokens.device)
+            tokens[:, level] = self.table[above, ranks]
+        return DraftTree(tokens, parents)

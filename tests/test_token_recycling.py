@@ -1,0 +1,90 @@
+"""Token Recycling (logitlab.speculative.token_recycling): the template against a brute-force search,
+the table read from the target's passes, the tree grown breadth-first through it, and the output
+exact through the speculative loop (greedy equality, and a chi-square test of sampled outputs)."""
+
+import itertools
+import math
+import random
+
+import pytest
+import torch
+
+import logitlab as ll
+from logitlab.speculative.token_recycling import TokenRecycler, tree_template
+
+from test_speculative import P_MIN, chi_square_pvalue, exact_sequence_probs, tiny_llama
+
+
+def test_a_worked_template():
+    # chances: root children 0.5 and 0.2; under the first, 0.25 and 0.1; under that, 0.125 ...
+    assert tree_template(4, (0.5, 0.2)) == ([-1, 0, -1, 1], [0, 0, 1, 0])
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_template_keeps_the_likeliest_paths(seed):
+    rng = random.Random(seed)
+    probs = sorted((rng.uniform(0.05, 0.9) for _ in range(rng.randrange(1, 4))), reverse=True)
+    size = rng.randrange(1, 12)
+    parents, ranks = tree_template(size, probs)
+    assert all(-1 <= p < i for i, p in enumerate(parents))
+
+    def chance(i):
+        return probs[ranks[i]] * (chance(parents[i]) if parents[i] >= 0 else 1.0)
+
+    chosen = sorted((chance(i) for i in range(size)), reverse=True)
+    every = sorted((math.prod(probs[r] for r in path) for depth in range(1, size + 1)
+                    for path in itertools.product(range(len(probs)), repeat=depth)), reverse=True)
+    assert chosen == pytest.approx(every[:size])  # the best `size` of every path there is
+    assert len({(p, r) for p, r in zip(parents, ranks)}) == size  # no node twice
+
+
+def test_the_table_holds_the_targets_last_top_k_and_the_tree_reads_it_breadth_first():
+    drafter = TokenRecycler(6, nodes=4, k=2, rank_probs=(0.5, 0.2))  # the worked template above
+    logits = torch.tensor([[[0., 5, 4, 0, 0, 0], [0, 0, 0, 0, 9, 8]]])  # after token 1: 1, 2; after 3: 4, 5
+    drafter.observe_logits(torch.tensor([[1, 3]]), logits)
+    assert drafter.table[1].tolist() == [1, 2] and drafter.table[3].tolist() == [4, 5]
+    assert drafter.table[0].tolist() == [0, 0]  # never seen
+    drafter.observe_logits(torch.tensor([[1]]), torch.tensor([[[0., 0, 0, 7, 6, 0]]]))
+    assert drafter.table[1].tolist() == [3, 4]  # the last time counts
+    tree = drafter.propose(torch.tensor([1]), gamma=3, config=None)
+    # node 0: table[1, 0] = 3; node 1 (its rank-0 child): table[3, 0] = 4; node 2: table[1, 1] = 4;
+    # node 3 (node 1's rank-0 child): table[4, 0] = 0
+    assert tree.tokens.tolist() == [[3, 4, 4, 0]] and tree.parents == [-1, 0, -1, 1] and tree.q is None
+    shallow = drafter.propose(torch.tensor([1]), gamma=1, config=None)
+    assert shallow.tokens.tolist() == [[3, 4]] and shallow.parents == [-1, -1]  # depth 1 only
+
+
+def test_greedy_output_is_the_targets_own_and_the_table_pays():
+    target = tiny_llama(2, 0, vocab=10)
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 4, 5, 4]]
+    plain = ll.generate(target, prompts, max_new_tokens=40, eos_token_id=[], temperature=0)
+    drafter = TokenRecycler(10)
+    for _ in range(2):  # the second run starts with the table the first one filled
+        out = ll.speculative_generate(target, drafter, prompts, gamma=4, max_new_tokens=40, eos_token_id=[],
+                                      temperature=0)
+        assert [t.tolist() for t in out.new_tokens] == [t.tolist() for t in plain.new_tokens]
+    assert out.model_calls < 20  # a tiny model repeats itself: the recycled guesses are kept
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampled_output_follows_the_target_exactly(temperature):
+    target = tiny_llama(1, 3, vocab=4)  # a tree needs a cache that keeps the kept path (the toy's cannot)
+    prompt = [1, 2, 3, 1, 2]
+    rows = 20_000
+    out = ll.speculative_generate(target, TokenRecycler(4, nodes=6, k=3), [prompt], gamma=3, max_new_tokens=3,
+                                  eos_token_id=[], num_return_sequences=rows, temperature=temperature,
+                                  generator=torch.Generator().manual_seed(7))
+    probs = exact_sequence_probs(target, prompt, 3, ll.SamplingConfig(temperature=temperature))
+    assert chi_square_pvalue(out.new_tokens, probs) > P_MIN
+    assert out.alpha > 0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(vocab_size=0), "vocab_size must be an integer >= 1"),
+    (dict(vocab_size=5, nodes=0), "size must be an integer >= 1"),
+    (dict(vocab_size=5, k=0), "k must be an integer >= 1"),
+    (dict(vocab_size=5, rank_probs=(0.5, 1.5)), "rank_probs must be a non-empty sequence of probabilities"),
+])
+def test_bad_arguments_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TokenRecycler(**kwargs)
