@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import logitlab as ll
-from logitlab.speculative.token_recycling import TokenRecycler, tree_template
+from logitlab.speculative.token_recycling import TokenRecycler, best_size, template_chances, tree_template
 
 from test_speculative import P_MIN, chi_square_pvalue, exact_sequence_probs, tiny_llama
 
@@ -36,6 +36,18 @@ def test_the_template_keeps_the_likeliest_paths(seed):
                     for path in itertools.product(range(len(probs)), repeat=depth)), reverse=True)
     assert chosen == pytest.approx(every[:size])  # the best `size` of every path there is
     assert len({(p, r) for p, r in zip(parents, ranks)}) == size  # no node twice
+
+
+def test_the_size_weighs_the_expected_tokens_against_the_pass_cost():
+    probs = (0.5, 0.2)
+    assert template_chances(*tree_template(4, probs), probs) == pytest.approx([0.5, 0.25, 0.2, 0.125])
+    # 1 node: 1.5 tokens; 2: 1.75; 3: 1.95; 4: 2.075 expected tokens per call
+    assert best_size({2: 1.0, 3: 1.0, 4: 1.0, 5: 1.0}, probs) == 4  # passes cost the same: the largest
+    assert best_size({2: 1.0, 3: 1.3, 4: 1.6, 5: 1.9}, probs) == 1  # 1.5 > 1.75 / 1.3 > ...
+    assert best_size({2: 1.0, 3: 1.1, 4: 1.6, 5: 1.9}, probs) == 2  # 1.75 / 1.1 = 1.59
+    assert best_size({2: 1.0, 3: 1.3, 4: 1.6}, probs, overhead=2.0) == 3  # a fixed cost favours larger trees
+    with pytest.raises(ValueError, match="costs must map pass sizes >= 2"):
+        best_size({1: 1.0})
 
 
 def test_the_table_holds_the_targets_last_top_k_and_the_tree_reads_it_breadth_first():

@@ -15,7 +15,8 @@ table learns from the target changes which guesses are made, never how they are 
 The template is chosen by size: ``tree_template(n, rank_probs)`` keeps the ``n`` nodes a walk
 through the table is most likely to reach, if a child of rank r is kept with probability
 ``rank_probs[r]``. How large a tree pays depends on what a pass over n tokens costs on the
-machine (the v(n) of chapter 6's cost model): small on a CPU, large on a GPU.
+machine (the v(n) of chapter 6's cost model): small on a CPU, large on a GPU; ``best_size``
+weighs the two.
 """
 
 from __future__ import annotations
@@ -51,6 +52,30 @@ def tree_template(size: int, rank_probs=RANK_PROBS) -> tuple[list[int], list[int
         for r, p in enumerate(rank_probs):
             heapq.heappush(frontier, (chance * p, len(parents) - 1, r))
     return parents, ranks
+
+
+def template_chances(parents: list[int], ranks: list[int], rank_probs=RANK_PROBS) -> list[float]:
+    """Each node's chance to be kept, in the model of ``tree_template``: the product of
+    ``rank_probs`` along its path. Their sum is the expected number of drafts a call keeps."""
+    chances = []
+    for parent, rank in zip(parents, ranks):
+        chances.append(rank_probs[rank] * (chances[parent] if parent >= 0 else 1.0))
+    return chances
+
+
+def best_size(costs: dict, rank_probs=RANK_PROBS, overhead: float = 0.0) -> int:
+    """The template size with the most tokens per unit of time on this machine: a call of ``n``
+    nodes yields ``1 + sum(template_chances)`` tokens, expected, and costs a pass over ``n + 1``
+    tokens (``costs[n + 1]`` decode steps, as ``logitlab.measure.timing.pass_costs`` measures
+    them) and ``overhead`` steps of the loop's own work. Sizes ``n`` with ``n + 1`` in ``costs``."""
+    sizes = [n - 1 for n in costs if n >= 2]
+    if not sizes or not all(costs[n + 1] > 0 for n in sizes):
+        raise ValueError(f"costs must map pass sizes >= 2 to their cost in decode steps (> 0), got {costs!r}")
+
+    def rate(n):
+        return (1 + sum(template_chances(*tree_template(n, rank_probs), rank_probs))) / (costs[n + 1] + overhead)
+
+    return max(sizes, key=rate)
 
 
 class TokenRecycler(Drafter):
