@@ -47,7 +47,8 @@ path of ``ll.load``):
 * every drafter on Spec-Bench (chapters 6 to 9; ``logitlab.spec_bench``, the field's benchmark,
   none of whose questions the drafters trained on): the first turn of two questions of each of its
   six tasks, 128 tokens each, at temperature 0 (same tokens as greedy decoding) and 1: prompt
-  lookup, the draft model's chain, Medusa's tree, PaSS (two-call, k = 2), EAGLE's chain and tree,
+  lookup, the suffix automaton and Token Recycling (no model; each starts empty on every prompt),
+  the draft model's chain, Medusa's tree, PaSS (two-call, k = 2), EAGLE's chain and tree,
   each with its tokens per target pass and the acceptance of each draft position, against our
   autoregressive loop, task by task;
 * every speculative row gives the speedup the cost model predicts for it
