@@ -78,6 +78,24 @@ def test_greedy_output_is_the_targets_own_and_the_table_pays():
     assert out.model_calls < 20  # a tiny model repeats itself: the recycled guesses are kept
 
 
+def test_the_drafter_counts_how_often_each_rank_was_the_targets_top_token():
+    drafter = TokenRecycler(6, nodes=4, k=2, rank_probs=(0.5, 0.2))  # nodes: rank 0, 0, 1, 0
+    with pytest.raises(ValueError, match="no tree of this drafter has been verified yet"):
+        drafter.measured_rank_probs()
+    drafter.table = torch.tensor([[0, 1], [3, 4], [0, 1], [4, 5], [0, 2], [0, 1]])
+    tree = drafter.propose(torch.tensor([1]), gamma=3, config=None)
+    assert tree.tokens.tolist() == [[3, 4, 4, 0]]
+    # the target's top token after the root (1), node 0 (3), node 1 (4), node 2 (4), node 3 (0)
+    best = [3, 5, 0, 2, 1]
+    logits = torch.nn.functional.one_hot(torch.tensor([best]), 6).float()
+    drafter.observe_logits(torch.tensor([[1, 3, 4, 4, 0]]), logits)
+    # node 0 (rank 0) = top after the root: hit; node 1 (rank 0) = 4, top after node 0 is 5: miss;
+    # node 2 (rank 1) = 4, top after the root is 3: miss; node 3 (rank 0) = 0, top after node 1: hit
+    assert drafter.measured_rank_probs() == pytest.approx([2 / 3, 0.0])
+    drafter.observe_logits(torch.tensor([[2]]), logits[:, :1])  # a prefill is not a tree: not counted
+    assert drafter.measured_rank_probs() == pytest.approx([2 / 3, 0.0])
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_sampled_output_follows_the_target_exactly(temperature):
     target = tiny_llama(1, 3, vocab=4)  # a tree needs a cache that keeps the kept path (the toy's cannot)

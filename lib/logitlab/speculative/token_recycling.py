@@ -95,6 +95,10 @@ class TokenRecycler(Drafter):
         self.parents, self.ranks = tree_template(nodes, tuple(rank_probs)[:self.k])
         self.depths = depths(self.parents)  # a child of the root: 1
         self.table = None
+        # Per rank: how often a node of that rank was the target's top token after its parent,
+        # counted on the device (no read) from the passes over this drafter's trees.
+        self.rank_hits = self.rank_counts = None
+        self.last_tree = None  # (parents, ranks) of the last tree proposed, until its pass is seen
 
     def memory(self) -> int:
         """Entries of the table: what this drafter keeps (``vocab_size * k`` token ids)."""
@@ -103,8 +107,31 @@ class TokenRecycler(Drafter):
     def observe_logits(self, tokens: torch.Tensor, logits: torch.Tensor) -> None:
         if self.table is None or self.table.device != logits.device:
             self.table = torch.zeros(self.vocab_size, self.k, dtype=torch.long, device=logits.device)
+        top = logits.topk(self.k, dim=-1).indices
+        if self.last_tree is not None and tokens.shape[1] == len(self.last_tree[0]) + 1:
+            self._count_ranks(tokens, top[..., 0], *self.last_tree)
+        self.last_tree = None
         # A token fed twice in one pass keeps one of its rows (which one does not matter).
-        self.table[tokens.flatten()] = logits.topk(self.k, dim=-1).indices.flatten(0, 1)
+        self.table[tokens.flatten()] = top.flatten(0, 1)
+
+    def _count_ranks(self, tokens, best, parents, ranks) -> None:
+        """``tokens`` ``[B, n + 1]``: the pending token then the tree; ``best``: the target's top
+        token after each. A node is a hit when it is the top token after its parent."""
+        if self.rank_counts is None or self.rank_counts.device != tokens.device:
+            self.rank_hits = torch.zeros(self.k, device=tokens.device)
+            self.rank_counts = torch.zeros(self.k, device=tokens.device)
+        above = torch.tensor([p + 1 for p in parents], device=tokens.device)  # the root is column 0
+        rank = torch.tensor(ranks, device=tokens.device).expand(len(tokens), -1)
+        self.rank_hits.index_add_(0, rank.flatten(), (tokens[:, 1:] == best[:, above]).float().flatten())
+        self.rank_counts.index_add_(0, rank.flatten(), torch.ones(rank.numel(), device=tokens.device))
+
+    def measured_rank_probs(self) -> list[float]:
+        """How often a child of each rank was the target's top token after its parent, over the
+        trees verified so far: at temperature 0, the chance that it is kept when its parent is.
+        ``tree_template`` and ``best_size`` take it as ``rank_probs``."""
+        if self.rank_counts is None:
+            raise ValueError("no tree of this drafter has been verified yet")
+        return (self.rank_hits / self.rank_counts.clamp_min(1)).tolist()
 
     def propose(self, next_tokens, gamma, config, generator=None):
         if self.table is None:
@@ -118,4 +145,5 @@ class TokenRecycler(Drafter):
             above = torch.stack([next_tokens if parents[j] < 0 else tokens[:, parents[j]] for j in level], dim=1)
             ranks = torch.tensor([self.ranks[keep[j]] for j in level], device=tokens.device)
             tokens[:, level] = self.table[above, ranks]
+        self.last_tree = (parents, [self.ranks[i] for i in keep])
         return DraftTree(tokens, parents)
