@@ -127,6 +127,17 @@ class Drafter:
         """Only the rows ``keep`` go on (the others have finished)."""
 
 
+def padded_chains(found: list[list[int]], last: list[int], vocab_size: int, device):
+    """Deterministic proposals of different lengths, one per row, as one chain proposal: each
+    padded to the longest with its own last token (``last[b]``, the row's last token, when it
+    proposed nothing; any proposal is allowed, a bad one is just rejected). Returns the padded
+    lists, the tokens ``[B, g]`` and their one-hot ``q`` ``[B, g, V]``."""
+    g = max(len(f) for f in found)
+    padded = [f + [f[-1] if f else t] * (g - len(f)) for f, t in zip(found, last)]
+    tokens = torch.tensor(padded, dtype=torch.long, device=device).view(len(found), g)
+    return padded, tokens, torch.nn.functional.one_hot(tokens, vocab_size).float()
+
+
 def check_drafter(drafter, target_vocab: int) -> Drafter:
     """A ``Drafter`` with the target's vocabulary, or a clear error saying how to make one."""
     if isinstance(drafter, type):

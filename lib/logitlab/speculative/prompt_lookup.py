@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from .._validate import check_int
-from .drafter import Drafter
+from .drafter import Drafter, padded_chains
 
 
 class PromptLookupDrafter(Drafter):
@@ -36,10 +36,9 @@ class PromptLookupDrafter(Drafter):
         for row, t in zip(self.history, next_tokens.tolist()):
             row.append(t)
         found = [self._lookup(row, gamma) for row in self.history]
-        g = max(len(f) for f in found)
-        self.proposed = [f + [row[-1] if not f else f[-1]] * (g - len(f)) for f, row in zip(found, self.history)]
-        tokens = torch.tensor(self.proposed, dtype=torch.long, device=next_tokens.device).view(len(found), g)
-        return tokens, torch.nn.functional.one_hot(tokens, self.vocab_size).float()
+        self.proposed, tokens, q = padded_chains(found, [row[-1] for row in self.history], self.vocab_size,
+                                                 next_tokens.device)
+        return tokens, q
 
     def _lookup(self, row: list[int], gamma: int) -> list[int]:
         for n in range(min(self.max_ngram, len(row) - 1), self.min_ngram - 1, -1):

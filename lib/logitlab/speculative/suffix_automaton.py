@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from .._validate import check_int
-from .drafter import Drafter
+from .drafter import Drafter, padded_chains
 
 
 class SuffixAutomaton:
@@ -155,10 +155,9 @@ class SuffixDrafter(Drafter):
         for r, token in enumerate(next_tokens.tolist()):
             self._append(r, token)
         found = [self._draft(r, gamma) for r in range(len(self.rows))]
-        g = max(len(f) for f in found)
-        self.proposed = [f + [a.tokens[-1] if not f else f[-1]] * (g - len(f)) for f, a in zip(found, self.rows)]
-        tokens = torch.tensor(self.proposed, dtype=torch.long, device=next_tokens.device).view(len(found), g)
-        return tokens, torch.nn.functional.one_hot(tokens, self.vocab_size).float()
+        self.proposed, tokens, q = padded_chains(found, [a.tokens[-1] for a in self.rows], self.vocab_size,
+                                                 next_tokens.device)
+        return tokens, q
 
     def _draft(self, r: int, gamma: int) -> list[int]:
         """The continuation of the longer match (the row's own text on a tie) that has one."""
