@@ -257,7 +257,8 @@ def _draw_children(logits, k: int, config: SamplingConfig, with_replacement: boo
         raw = log_softmax(logits)
         processed = logits if config.temperature == 0.0 else process_logits(logits, config)
     possible = (processed > float("-inf")).sum(dim=-1).min()
-    invalid, possible = torch.stack([bad_logits(logits) | bad_logits(processed), possible]).tolist()
+    bad = bad_logits(logits) if processed is logits else bad_logits(logits) | bad_logits(processed)  # T = 0: once
+    invalid, possible = torch.stack([bad, possible]).tolist()
     if invalid:
         check_logits(logits, "the model's logits")  # raises, saying what is wrong
         check_logits(processed, "the processed logits")
