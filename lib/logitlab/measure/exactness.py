@@ -31,8 +31,8 @@ def output_distance(target, drafter, acceptance, prompt=(1,), length: int = 3, s
     from collections import Counter
 
     vocab = int(target.config.vocab_size)
-    length, samples, gamma = (check_int(v, name, 1) for name, v in [("length", length), ("samples", samples),
-                                                                       ("gamma", gamma)])
+    length, samples, gamma = (check_int(value, name, 1) for name, value in [("length", length), ("samples", samples),
+                                                                               ("gamma", gamma)])
     temperature = check_number(temperature, "temperature", "a number > 0 (the distance of a sampled output)",
                                lambda v: v > 0)
     if not prompt or any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in prompt):

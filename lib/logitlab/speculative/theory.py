@@ -50,8 +50,8 @@ def speedup(alpha: float, gamma: int, c: float, verify_cost: float = 1.0, call_o
     c = check_number(c, "c (drafter step / target step)", "a number >= 0", lambda v: v >= 0)
     verify_cost = check_number(verify_cost, "verify_cost", "a number > 0", lambda v: v > 0)
     call_overhead, step_overhead = (
-        check_number(v, f"{name} (the loop's own work, in target steps)", "a number >= 0", lambda v: v >= 0)
-        for name, v in (("call_overhead", call_overhead), ("step_overhead", step_overhead)))
+        check_number(value, f"{name} (the loop's own work, in target steps)", "a number >= 0", lambda v: v >= 0)
+        for name, value in (("call_overhead", call_overhead), ("step_overhead", step_overhead)))
     return expected_tokens(alpha, gamma) * (1 + step_overhead) / (gamma * c + verify_cost + call_overhead)
 
 
