@@ -104,15 +104,20 @@ class TokenRecycler(Drafter):
         """Entries of the table: what this drafter keeps (``vocab_size * k`` token ids)."""
         return self.vocab_size * self.k
 
+    def _table_on(self, device) -> torch.Tensor:
+        """The table, made empty (every guess token 0) the first time, on ``device``."""
+        if self.table is None or self.table.device != device:
+            self.table = torch.zeros(self.vocab_size, self.k, dtype=torch.long, device=device)
+        return self.table
+
     def observe_logits(self, tokens: torch.Tensor, logits: torch.Tensor) -> None:
-        if self.table is None or self.table.device != logits.device:
-            self.table = torch.zeros(self.vocab_size, self.k, dtype=torch.long, device=logits.device)
+        table = self._table_on(logits.device)
         top = logits.topk(self.k, dim=-1).indices
         if self.last_tree is not None and tokens.shape[1] == len(self.last_tree[0]) + 1:
             self._count_ranks(tokens, top[..., 0], *self.last_tree)
         self.last_tree = None
         # A token fed twice in one pass keeps one of its rows (which one does not matter).
-        self.table[tokens.flatten()] = top.flatten(0, 1)
+        table[tokens.flatten()] = top.flatten(0, 1)
 
     def _count_ranks(self, tokens, best, parents, ranks) -> None:
         """``tokens`` ``[B, n + 1]``: the pending token then the tree; ``best``: the target's top
@@ -134,8 +139,7 @@ class TokenRecycler(Drafter):
         return (self.rank_hits / self.rank_counts.clamp_min(1)).tolist()
 
     def propose(self, next_tokens, gamma, config, generator=None):
-        if self.table is None:
-            self.table = torch.zeros(self.vocab_size, self.k, dtype=torch.long, device=next_tokens.device)
+        table = self._table_on(next_tokens.device)
         keep = [i for i, d in enumerate(self.depths) if d <= gamma]  # no deeper than gamma levels
         index = {old: new for new, old in enumerate(keep)}
         parents = [index[self.parents[i]] if self.parents[i] >= 0 else -1 for i in keep]
@@ -144,6 +148,6 @@ class TokenRecycler(Drafter):
             level = [j for j, i in enumerate(keep) if self.depths[i] == depth]
             above = torch.stack([next_tokens if parents[j] < 0 else tokens[:, parents[j]] for j in level], dim=1)
             ranks = torch.tensor([self.ranks[keep[j]] for j in level], device=tokens.device)
-            tokens[:, level] = self.table[above, ranks]
+            tokens[:, level] = table[above, ranks]
         self.last_tree = (parents, [self.ranks[i] for i in keep])
         return DraftTree(tokens, parents)
