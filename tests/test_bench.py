@@ -172,6 +172,14 @@ def test_spec_bench_rows_give_every_drafter_per_task_and_temperature(small):
         bench_spec_bench(table, model, tokenizer, per_task=11, tasks=["translation"])
     with pytest.raises(ValueError, match="task must be one of"):
         bench_spec_bench(table, model, tokenizer, per_task=1, tasks=["poetry"])
+    with pytest.raises(ValueError, match="only must be a regular expression"):
+        bench_spec_bench(table, model, tokenizer, per_task=1, tasks=["translation"], only="(")
+    table = bench.Table()  # only the drafters that need no training, beside ll.generate
+    bench_spec_bench(table, model, tokenizer, per_task=1, new_tokens=8, temperatures=(0.0,), repeat=1,
+                     tasks=["translation"], only="lookup|suffix|Recycling")
+    assert [r["measurement"].split(" (")[0] for r in table.rows] == [
+        "ll.generate, 1 Spec-Bench translation prompts, 8 tokens each, T=0", "prompt lookup", "suffix automaton",
+        "Token Recycling"]
 
 
 @pytest.mark.slow
@@ -310,6 +318,9 @@ def test_quick_runs_every_table_with_fewer_settings(monkeypatch, tmp_path):
     calls.clear()
     run.main(["--skip-load", "--skip-sampling", "--skip-verification", "--json", str(tmp_path / "some.json")])
     assert "bench_sampling" not in calls and "bench_verification" not in calls and "bench_spec_bench" in calls
+    calls.clear()
+    run.main(["--skip-load", "--spec-bench-drafters", "suffix", "--json", str(tmp_path / "suffix.json")])
+    assert calls["bench_spec_bench"] == {"only": "suffix"}
 
 
 def test_runs_combine_into_medians_with_every_run_kept():

@@ -44,6 +44,9 @@ def main(argv=None) -> Table:
                         help="skip the PaSS look-ahead rows (about 25 min)")
     parser.add_argument("--skip-spec-bench", action="store_true",
                         help="skip every drafter on Spec-Bench's six tasks (over an hour; with --quick over 25 min)")
+    parser.add_argument("--spec-bench-drafters", default=None, metavar="REGEX",
+                        help="in the Spec-Bench section, only the drafters whose label matches REGEX (with ll.generate), "
+                             "e.g. 'lookup|suffix|Recycling' for those that need no training")
     parser.add_argument("--skip-constrained", action="store_true",
                         help="skip the constrained-decoding rows (about 1 min)")
     parser.add_argument("--skip-decoders", action="store_true",
@@ -140,7 +143,9 @@ def run_sections(args, table: Table, model, stock, tokenizer):
              ("pass", lambda: bench_pass(table, model, tokenizer,
                                          **(dict(repeat, ks=(1, 2, 4, 8), single_ks=(1, 2)) if args.quick else repeat))),
              ("spec_bench", lambda: bench_spec_bench(table, model, tokenizer,
-                                                     **(dict(repeat, per_task=1) if args.quick else repeat))),
+                                                     **(dict(repeat, per_task=1) if args.quick else repeat),
+                                                     **({"only": args.spec_bench_drafters}
+                                                        if args.spec_bench_drafters else {}))),
              ("decoders", lambda: bench_decoders(table, model, tokenizer, **repeat))]
     for name, run in parts:
         if not getattr(args, f"skip_{name}"):

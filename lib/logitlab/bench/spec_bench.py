@@ -5,6 +5,8 @@ this machine)."""
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from .. import spec_bench
@@ -61,20 +63,28 @@ def drafting_runs(model, drafters: dict, temperature: float, new_tokens: int) ->
 
 @torch.inference_mode()
 def bench_spec_bench(table, model, tokenizer, per_task: int = 2, new_tokens: int = 128, temperatures=(0.0, 1.0),
-                     repeat: int = 3, tasks=None, drafters: dict | None = None) -> None:
+                     repeat: int = 3, tasks=None, drafters: dict | None = None, only: str | None = None) -> None:
     """For each of Spec-Bench's tasks (``tasks``, default all six), the first turn of the first
     ``per_task`` questions of the shipped sample, ``new_tokens`` tokens each, at each temperature:
     every drafter of ``drafting_runs`` timed in turn with ``ll.generate`` (checked to give the
     greedy tokens at T = 0); each row carries its tokens per target pass (PaSS's drafting calls
     counted) and the acceptance of each draft position. ``drafters``: the trained drafters to
-    measure (default ``shipped_drafters``), e.g. newly trained ones against the shipped."""
+    measure (default ``shipped_drafters``), e.g. newly trained ones against the shipped. ``only``: a
+    regular expression; only the drafters whose label it finds run (``ll.generate`` always does),
+    e.g. ``"lookup|suffix|Recycling"`` for the drafters that need no training (chapter 10)."""
     chosen = {task: spec_bench.questions(task) for task in tasks or spec_bench.TASKS}  # bad names fail here
     if not all(1 <= per_task <= len(found) for found in chosen.values()):
         raise ValueError(f"per_task must be between 1 and {spec_bench.SAMPLE_PER_TASK}, got {per_task!r}")
+    if only is not None:
+        try:
+            re.compile(only)
+        except (TypeError, re.error) as err:
+            raise ValueError(f"only must be a regular expression over the drafters' labels, got {only!r}") from err
     drafters = shipped_drafters(model) if drafters is None else drafters  # loaded once the input is known good
     for task, found in chosen.items():
         prompts = [chat(tokenizer, q.turns[0]) for q in found[:per_task]]
         for temperature in temperatures:
-            runs = drafting_runs(model, drafters, temperature, new_tokens)
+            runs = {label: fn for label, fn in drafting_runs(model, drafters, temperature, new_tokens).items()
+                    if only is None or label == "ll.generate" or re.search(only, label)}
             time_against_ar(table, model, runs, prompts, temperature, new_tokens, repeat, calls={PASS: pass_calls},
                             unit="target pass", describe=by_position, task=f"Spec-Bench {task}")
