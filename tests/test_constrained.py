@@ -673,7 +673,7 @@ def test_every_sampled_json_document_parses_and_validates(smollm2):
 # -- Masking is not conditioning -------------------------------------------------------------
 
 def test_equal_z_i_at_every_step_do_not_make_masking_conditioning():
-    """Chapter 10's counterexample, exactly: outputs A+EOS and AB+EOS, every Z_i = 1/2. The model
+    """Chapter 11's counterexample, exactly: outputs A+EOS and AB+EOS, every Z_i = 1/2. The model
     gives them 1/8 and 1/16 (conditioned: 2/3 and 1/3), masking 1/2 each, and the ratio of the two
     is Z / prod Z_i along each output."""
     from logitlab.measure.conditioning import path_probabilities, token_paths

@@ -1,4 +1,4 @@
-"""Trees of drafts under a constraint (chapter 10 with chapters 7 and 9): every node of a tree is
+"""Trees of drafts under a constraint (chapter 11 with chapters 7 and 9): every node of a tree is
 verified against the target masked in the state after its own path, so that speculative decoding
 with a tree drafter (EAGLE's dynamic and fixed trees, Medusa's tree) follows the masked target
 exactly, as ``ll.generate`` with the same constraint does: the same tokens at temperature 0, the

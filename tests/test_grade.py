@@ -168,7 +168,7 @@ CHEATS = {
     # a file descriptor freed by closing the grader's pipe: the key is read, and the sandbox can no longer answer
     "check_fewest_tokens": "import collections\n\ndef fewest_tokens(moves, accepting):\n    import os, pathlib\n"
                            "    with contextlib.suppress(OSError):\n        os.close(0)\n"
-                           f"    ({KEY} / '10_constrained_decoding.ipynb').read_text()\n"
+                           f"    ({KEY} / '11_constrained_decoding.ipynb').read_text()\n"
                            + SOLUTION["fewest"] + "\nll.checks.check_fewest_tokens(fewest_tokens)",
 }
 

@@ -44,7 +44,7 @@ path of ``ll.load``):
   k = 1 .. 8 and with our single-call variant (slots after every prefix, or after the likeliest
   one) at temperature 0 (same tokens as greedy decoding) and 1, each with its tokens per target
   pass, against our autoregressive loop;
-* every drafter on Spec-Bench (chapters 6 to 9; ``logitlab.spec_bench``, the field's benchmark,
+* every drafter on Spec-Bench (chapters 6 to 10; ``logitlab.spec_bench``, the field's benchmark,
   none of whose questions the drafters trained on): the first turn of two questions of each of its
   six tasks, 128 tokens each, at temperature 0 (same tokens as greedy decoding) and 1: prompt
   lookup, the suffix automaton and Token Recycling (no model; each starts empty on every prompt),

@@ -1,4 +1,4 @@
-"""Rows for chapter 10: building a constraint's token index, and what the mask costs per step."""
+"""Rows for chapter 11: building a constraint's token index, and what the mask costs per step."""
 
 from __future__ import annotations
 

@@ -97,10 +97,10 @@ SECTIONS = {"load": "Loading the model (chapter 1)",
             "speculative": "Prompt lookup and the draft model (chapter 6)",
             "typical": "Medusa heads and typical acceptance (chapter 7)",
             "eagle": "The EAGLE drafter (chapter 9)",
-            "constrained": "Constrained decoding (chapter 10)",
+            "constrained": "Constrained decoding (chapter 11)",
             "pass": "PaSS look-ahead embeddings (chapter 8)",
-            "spec_bench": "Every drafter on Spec-Bench's six tasks (chapters 6 to 9)",
-            "decoders": "Every decoder that drafts nothing (chapter 11)"}
+            "spec_bench": "Every drafter on Spec-Bench's six tasks (chapters 6 to 10)",
+            "decoders": "Every decoder that drafts nothing (chapter 12)"}
 
 
 def run_repeatedly(args, model, stock, tokenizer) -> tuple[Table, dict | None]:

@@ -1,4 +1,4 @@
-"""Constrained decoding (chapter 10): outputs that must match a pattern.
+"""Constrained decoding (chapter 11): outputs that must match a pattern.
 
 ``regex`` compiles a regular expression into a byte automaton, ``json_schema`` writes a JSON
 Schema as one; ``vocabulary`` reads a tokenizer's tokens as bytes, ``index`` walks every token

@@ -1,6 +1,6 @@
 """Constrained decoding: from a byte automaton to one token mask per step.
 
-Chapter 10 ("When the output must match a pattern") explains this module.
+Chapter 11 ("When the output must match a pattern") explains this module.
 
 ``regex`` turns a pattern into a deterministic automaton over bytes. A model emits *tokens*,
 each a string of bytes, so ``index`` walks every token from every state of the automaton once:

@@ -1,4 +1,4 @@
-"""The token index: every token walked from every state of a byte automaton, once (chapter 10).
+"""The token index: every token walked from every state of a byte automaton, once (chapter 11).
 
 A model emits tokens, each a string of bytes. ``build_index`` walks every token from every state
 of the automaton in one vectorised pass (tokens whose bytes the automaton cannot tell apart are

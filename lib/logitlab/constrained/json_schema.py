@@ -1,6 +1,6 @@
 """From a JSON Schema to a regular expression, for constrained decoding.
 
-Chapter 10 ("When the output must match a pattern") explains this module.
+Chapter 11 ("When the output must match a pattern") explains this module.
 
 A JSON value of a bounded shape is a regular language: ``to_regex`` writes the pattern, which
 ``logitlab.Constraint`` then compiles to a token mask. The subset covers what structured-output
@@ -25,7 +25,7 @@ patterns) is regular but left out to keep the compiler short.
 own whitespace, the four characters space, tab, line feed and carriage return (``\\s`` would
 also admit ``\\v`` and ``\\f``, which no JSON parser accepts). The default, at most one space,
 keeps outputs compact; ``JSON_WHITESPACE`` (any amount, all that JSON allows) lets a model
-emit spaces and newlines for ever, which chapter 10 shows on the real model.
+emit spaces and newlines for ever, which chapter 11 shows on the real model.
 
 Every string the pattern matches is a JSON text that ``json.loads`` reads and that is valid
 under the schema: a string's ``\\u`` escapes leave out the surrogates (a pair of them is one

@@ -1,6 +1,6 @@
 """From a regular expression to a deterministic automaton over bytes.
 
-Chapter 10 ("When the output must match a pattern") explains this module.
+Chapter 11 ("When the output must match a pattern") explains this module.
 
 A tokenizer with byte-level BPE cuts text into *bytes*, not characters: ``é`` is two bytes
 (``c3 a9``) and a token may end between them. So the automaton that checks an output reads

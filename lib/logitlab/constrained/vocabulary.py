@@ -1,4 +1,4 @@
-"""A tokenizer's vocabulary as bytes: what a byte automaton walks (chapter 10).
+"""A tokenizer's vocabulary as bytes: what a byte automaton walks (chapter 11).
 
 Byte-level BPE tokenizers (SmolLM2's, GPT-2's) store each token as printable characters that
 stand for bytes; these functions turn them back into the bytes the token writes.

@@ -3,7 +3,7 @@
 Chapter 1 uses ``token_label``, ``top_tokens_table``, ``plot_top_tokens``,
 ``plot_temperatures`` and ``plot_inverse_transform``; chapter 2 adds ``plot_kept``, chapter 5
 ``plot_tree``; chapters 6, 8 and 9 ``outcome_html`` (a
-speculative answer coloured by what became of each token); chapter 10 ``constraint_steps``.
+speculative answer coloured by what became of each token); chapter 11 ``constraint_steps``.
 Plots draw on a matplotlib ``Axes`` (made for you when none is given) and return it, so a
 chapter can add to them.
 """

@@ -13,7 +13,7 @@ fallback), with the controls beside it.
 * chapter 6: ``speedup_widget``, the cost model's speedup against alpha for gamma, c and v;
 * chapter 7: ``typical_widget``, which drafts typical acceptance keeps for epsilon and delta;
 * chapters 8 and 9: ``outcome_widget``, one answer per drafter, coloured by outcome;
-* chapter 10: ``constraint_widget``, a pattern and the tokens it allows at each step.
+* chapter 11: ``constraint_widget``, a pattern and the tokens it allows at each step.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Masking is not conditioning: the two distributions of a constraint, computed exactly.
 
-Chapter 10 ("When the output must match a pattern") explains this module.
+Chapter 11 ("When the output must match a pattern") explains this module.
 
 Masking step by step (``ll.generate(..., constraint=)``) renormalises the model's next-token
 distribution over the allowed tokens at every step:

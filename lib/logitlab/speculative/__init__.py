@@ -1,4 +1,4 @@
-"""Speculative decoding (chapters 6-9): a drafter proposes, the target verifies in one pass.
+"""Speculative decoding (chapters 6-10): a drafter proposes, the target verifies in one pass.
 
 * ``theory``: what drafting can gain (``acceptance_rate``, ``expected_tokens``, ``speedup``);
 * ``acceptance``: which drafts the target keeps (``verify``, ``RejectionSampling``, ``GreedyMatching``),
@@ -6,9 +6,9 @@
 * ``loop``: ``speculative_generate``, the one loop every drafter runs in; ``result``: what it returns;
 * the drafters, each in its own module beside its model: ``drafter`` (the interface),
   ``draft_model`` and ``prompt_lookup`` (chapter 6), ``medusa`` and ``medusa_heads`` (chapter 7),
-  ``pass_embeddings`` (PaSS, chapter 8), ``eagle`` (chapter 9); with no model at all,
-  ``suffix_automaton`` (the text so far and a corpus) and ``token_recycling`` (the target's own
-  earlier guesses); ``subset_head`` is the cheaper output layer two of them share.
+  ``pass_embeddings`` (PaSS, chapter 8), ``eagle`` (chapter 9); with no model at all
+  (chapter 10), ``suffix_automaton`` (the text so far and a corpus) and ``token_recycling`` (the
+  target's own earlier guesses); ``subset_head`` is the cheaper output layer two of them share.
 
 The theory and the rules read as ``ll.speculative.speedup``, ``ll.speculative.verify``.
 """

@@ -69,7 +69,7 @@ class Drafter:
     # A drafter that learns from the target's own guesses (Token Recycling) sets this; the loop
     # then hands it the target's logits after every token of every pass (``observe_logits``).
     reads_logits: bool = False
-    # Set by the loop before each call when the output is constrained (chapter 10): the rows'
+    # Set by the loop before each call when the output is constrained (chapter 11): the rows'
     # ``logitlab.constrained.constraint.DraftStates``. A drafter that samples its proposals token by token
     # passes its logits through ``constrained`` and its tokens to ``drafted``, so that it
     # proposes only tokens the constraint allows (its q is then the masked distribution). A

@@ -5,7 +5,7 @@ n-gram length. A suffix automaton (Blumer et al. 1985) keeps that search done: i
 automaton that accepts every substring of a sequence, it grows by one token in amortised
 constant time, and it always knows the longest suffix of the sequence that occurred before, of
 any length, and where that occurrence ended. What followed it there is the draft (the idea of
-SAM-Decoding, Hu et al. 2024). Chapter 10's automata read a pattern; this one is built from the
+SAM-Decoding, Hu et al. 2024). Chapter 11's automata read a pattern; this one is built from the
 text itself.
 
 A state stands for a set of substrings that end at the same set of positions (their *end

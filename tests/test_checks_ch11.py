@@ -1,4 +1,4 @@
-"""The checkers of chapter 10's exercises accept right answers and reject typical mistakes."""
+"""The checkers of chapter 11's exercises accept right answers and reject typical mistakes."""
 
 from collections import deque
 

@@ -102,7 +102,7 @@ def test_check_top_p_explains_the_first_wrong_case(fn, message):
         check_top_p(fn)
 
 
-# Chapter 11 ------------------------------------------------------------------------------------
+# Chapter 12 ------------------------------------------------------------------------------------
 
 
 def predicted(alpha, gamma, c, v):

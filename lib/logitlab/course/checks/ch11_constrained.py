@@ -1,4 +1,4 @@
-"""The checks of chapter 10 (constrained decoding): a range of code points as UTF-8 byte
+"""The checks of chapter 11 (constrained decoding): a range of code points as UTF-8 byte
 ranges, the subset construction, the tokens a state of the byte automaton allows, and the fewest
 tokens that still complete a match."""
 
@@ -15,7 +15,7 @@ from .common import CheckFailed, as_list, asks_for, call, call_unchanged
 
 @asks_for(build_index)
 def check_allowed_tokens(fn) -> None:
-    """Check ``fn(table, vocab, state) -> {token: next_state}`` (chapter 10) against
+    """Check ``fn(table, vocab, state) -> {token: next_state}`` (chapter 11) against
     :func:`logitlab.constrained.index.build_index`. ``table`` is a pruned byte automaton's move table
     as nested lists (``table[s][byte]``, -1 for no move), ``vocab`` the bytes of every token
     (``None`` for a special token): the tokens whose every byte has a move from ``state`` on,
@@ -61,7 +61,7 @@ def check_allowed_tokens(fn) -> None:
 
 @asks_for(fewest_tokens)
 def check_fewest_tokens(fn) -> None:
-    """Check ``fn(moves, accepting) -> list`` (chapter 10) against
+    """Check ``fn(moves, accepting) -> list`` (chapter 11) against
     :func:`logitlab.constrained.index.fewest_tokens`: ``moves[s]`` lists the states one token leads to
     from state ``s``, ``accepting[s]`` says whether ``s`` completes a match; the answer gives,
     for every state, the fewest tokens that reach an accepting state (0 if it is one), or
@@ -98,7 +98,7 @@ def check_fewest_tokens(fn) -> None:
 
 @asks_for(utf8_ranges)
 def check_utf8_ranges(fn) -> None:
-    """Check ``fn(lo, hi) -> [[(byte_lo, byte_hi), ...], ...]`` (chapter 10) against
+    """Check ``fn(lo, hi) -> [[(byte_lo, byte_hi), ...], ...]`` (chapter 11) against
     :func:`logitlab.constrained.regex.utf8_ranges`: the byte strings the sequences match (one
     byte from each range, in order) must be exactly the UTF-8 encodings of the code points
     ``lo..hi``, each matched once, in no more sequences than the library needs."""
@@ -163,7 +163,7 @@ def _matched_bytes(label: str, sequences, count: int) -> list[bytes]:
 
 @asks_for(determinize)
 def check_subset_construction(fn) -> None:
-    """Check ``fn(symbols, moves, empty, start, accepting) -> (table, final)`` (chapter 10)
+    """Check ``fn(symbols, moves, empty, start, accepting) -> (table, final)`` (chapter 11)
     against :func:`logitlab.constrained.regex.determinize`. The automaton has states ``0..n-1``;
     ``moves[s]`` lists its labelled moves ``(symbol, next)`` with ``0 <= symbol < symbols``,
     ``empty[s]`` its empty moves; ``accepting`` is a list of states. The answer numbers its
