@@ -30,10 +30,12 @@ PASS = "PaSS two-call, k=2"  # its drafting calls are target passes too (pass_ca
 
 def drafting_runs(model, drafters: dict, temperature: float, new_tokens: int) -> dict:
     """label -> fn(ids, generator): ``ll.generate`` first, then each drafter in one setting
-    (prompt lookup, the suffix automaton, Token Recycling, the draft model's chain, Medusa's tree,
-    PaSS, EAGLE's chain and tree), all exact (rejection sampling, or greedy at T = 0). The two
-    drafters without a model start empty on every prompt: Token Recycling's table learns only
-    from the passes of the run it drafts for, never from another prompt of the benchmark."""
+    (prompt lookup, the suffix automaton, Token Recycling, the two combined, the draft model's
+    chain, Medusa's tree, PaSS, EAGLE's chain and tree), all exact (rejection sampling, or greedy
+    at T = 0). The drafters without a model start empty on every prompt: Token Recycling's table
+    learns only from the passes of the run it drafts for, never from another prompt of the
+    benchmark."""
+    from ..speculative.copy_or_recycle import CopyOrRecycle
     from ..speculative.draft_model import DraftModelDrafter
     from ..speculative.eagle import EagleDrafter
     from ..speculative.medusa_heads import medusa_generate
@@ -52,6 +54,8 @@ def drafting_runs(model, drafters: dict, temperature: float, new_tokens: int) ->
         "prompt lookup (gamma=5)": chain(lambda: PromptLookupDrafter(model.config.vocab_size), 5),
         "suffix automaton (gamma=5)": chain(lambda: SuffixDrafter(model.config.vocab_size), 5),
         "Token Recycling (8-node tree, depth <= 6)": chain(lambda: TokenRecycler(model.config.vocab_size, nodes=8), 6),
+        "suffix match else Token Recycling (min_match=2, 8 nodes)": chain(
+            lambda: CopyOrRecycle(model.config.vocab_size, min_match=2, nodes=8), 6),
         "draft model (gamma=3)": chain(lambda: DraftModelDrafter(drafters["draft"]), 3),
         "Medusa heads, tree (3, 2, 1)": lambda ids, g: medusa_generate(
             model, drafters["medusa"], ids, branching=(3, 2, 1), generator=g, **common),

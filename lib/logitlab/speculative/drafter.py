@@ -120,6 +120,12 @@ class Drafter:
         its logits after each ``[B, m, V]``: every node of a verified tree or chain, kept or not
         (after the prefill: each prompt's last token)."""
 
+    def kept_path(self, paths: list[list[int]]) -> None:
+        """(Only after a ``DraftTree``, before ``rollback``.) Each row's kept path through the
+        tree, root first, as indices into ``[pending token] + tree nodes`` (0 is the pending
+        token): ``rollback`` says only how many drafts were kept, which for a tree does not say
+        which; a drafter that follows the text (``copy_or_recycle``) reads them here."""
+
     def rollback(self, num_accepted: torch.Tensor) -> None:
         """The target kept the first ``num_accepted[b]`` proposals of row b."""
 

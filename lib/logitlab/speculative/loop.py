@@ -315,6 +315,7 @@ def _tree_call(run, pending, tree, active, look):
                                       logits[b], config, generator)
         paths.append(path)
         nxt.append(token.reshape(()))
+    run.drafter.kept_path(paths)
     nxt, counts = torch.stack(nxt), torch.tensor([len(path) for path in paths], device=pending.device)
     width = int(counts.max())
     index = torch.tensor([path + [path[-1]] * (width - len(path)) for path in paths], device=pending.device)

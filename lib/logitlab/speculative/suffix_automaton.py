@@ -140,9 +140,10 @@ class SuffixDrafter(Drafter):
         self.matches = [(0, 0)] * len(input_ids)  # each row's (state, length) in the corpus
         for r, (row, mask) in enumerate(zip(input_ids, attention_mask)):
             for token in row[mask.bool()].tolist():
-                self._append(r, token)
+                self.append(r, token)
 
-    def _append(self, r: int, token: int) -> None:
+    def append(self, r: int, token: int) -> None:
+        """Row ``r`` has kept ``token``: its automaton grows, and its match in the corpus moves on."""
         self.rows[r].extend(token)
         if self.corpus is not None:
             self.matches[r] = self.corpus.follow(*self.matches[r], token)
@@ -153,14 +154,16 @@ class SuffixDrafter(Drafter):
 
     def propose(self, next_tokens, gamma, config, generator=None):
         for r, token in enumerate(next_tokens.tolist()):
-            self._append(r, token)
-        found = [self._draft(r, gamma) for r in range(len(self.rows))]
+            self.append(r, token)
+        found = [self.match(r, gamma)[1] for r in range(len(self.rows))]
         self.proposed, tokens, q = padded_chains(found, [a.tokens[-1] for a in self.rows], self.vocab_size,
                                                  next_tokens.device)
         return tokens, q
 
-    def _draft(self, r: int, gamma: int) -> list[int]:
-        """The continuation of the longer match (the row's own text on a tie) that has one."""
+    def match(self, r: int, gamma: int) -> tuple[int, list[int]]:
+        """Row ``r``'s longest match and up to ``gamma`` tokens that followed it: in the row's own
+        text or the corpus, the longer match that has a continuation (the row's own on a tie);
+        ``(0, [])`` when neither has one of at least ``min_match`` tokens."""
         own = self.rows[r]
         length, end = own.longest_repeat()
         candidates = [(length, own.tokens[end + 1: end + 1 + gamma])]
@@ -169,12 +172,12 @@ class SuffixDrafter(Drafter):
             drafted = self.corpus.continuation(state, gamma)
             candidates.append((corpus_length, drafted[: drafted.index(SEPARATOR)] if SEPARATOR in drafted else drafted))
         usable = [c for c in candidates if c[0] >= self.min_match and c[1]]
-        return max(usable, key=lambda c: c[0])[1] if usable else []
+        return max(usable, key=lambda c: c[0]) if usable else (0, [])
 
     def rollback(self, num_accepted: torch.Tensor) -> None:
         for r, (proposed, n) in enumerate(zip(self.proposed, num_accepted.tolist())):
             for token in proposed[:n]:
-                self._append(r, token)
+                self.append(r, token)
 
     def select_rows(self, keep: torch.Tensor) -> None:
         keep = keep.tolist()
