@@ -7,13 +7,14 @@
 * the drafters, each in its own module beside its model: ``drafter`` (the interface),
   ``draft_model`` and ``prompt_lookup`` (chapter 6), ``medusa`` and ``medusa_heads`` (chapter 7),
   ``pass_embeddings`` (PaSS, chapter 8), ``eagle`` (chapter 9); with no model at all
-  (chapter 10), ``suffix_automaton`` (the text so far and a corpus) and ``token_recycling`` (the
-  target's own earlier guesses); ``subset_head`` is the cheaper output layer two of them share.
+  (chapter 10), ``suffix_automaton`` (the text so far and a corpus), ``token_recycling`` (the
+  target's own earlier guesses) and ``copy_or_recycle`` (the first where it matches, else the second); ``subset_head`` is the cheaper output layer two of them share.
 
 The theory and the rules read as ``ll.speculative.speedup``, ``ll.speculative.verify``.
 """
 
 from . import (
+               copy_or_recycle,
                draft_model,
                drafter,
                eagle,
@@ -34,7 +35,7 @@ from .loop import speculative_generate
 from .result import SpeculativeResult
 from .theory import acceptance_rate, examined_drafts, expected_tokens, loop_overhead, pooled_alpha, speedup
 
-__all__ = ["AcceptanceRule", "GreedyMatching", "RejectionSampling", "SpeculativeResult", "acceptance_rate",
+__all__ = ["AcceptanceRule", "GreedyMatching", "RejectionSampling", "SpeculativeResult", "acceptance_rate", "copy_or_recycle",
            "draft_model", "drafter", "eagle", "examined_drafts", "expected_tokens", "greedy_verify", "loop_overhead",
            "medusa", "medusa_heads", "pass_embeddings", "pooled_alpha", "prompt_lookup", "result",
            "speculative_generate", "speedup", "subset_head", "suffix_automaton", "theory", "token_recycling",
