@@ -25,6 +25,7 @@ from .ch06_speculative import check_expected_tokens, check_verify
 from .ch07_typical import check_match_probability, check_typical_accept
 from .ch08_pass import check_single_call_layout, check_training_layout
 from .ch09_eagle import check_after_rejection, check_keep_best
+from .ch10_drafterless import check_suffix_automaton, check_tree_size
 from .ch11_constrained import check_allowed_tokens, check_fewest_tokens, check_subset_construction, check_utf8_ranges
 from .ch12_choosing import check_best_gamma, check_truncation_distance
 from .common import CheckFailed
@@ -36,6 +37,8 @@ __all__ = [
     "check_utf8_ranges",
     "check_subset_construction",
     "check_best_gamma",
+    "check_suffix_automaton",
+    "check_tree_size",
     "check_truncation_distance",
     "check_softmax",
     "check_gumbel_max",
