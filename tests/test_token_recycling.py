@@ -18,6 +18,8 @@ from test_speculative import P_MIN, chi_square_pvalue, exact_sequence_probs, tin
 def test_a_worked_template():
     # chances: root children 0.5 and 0.2; under the first, 0.25 and 0.1; under that, 0.125 ...
     assert tree_template(4, (0.5, 0.2)) == ([-1, 0, -1, 1], [0, 0, 1, 0])
+    # A rank that was never kept (as measured_rank_probs reports it): its nodes only after the others.
+    assert tree_template(3, (0.5, 0.0)) == ([-1, 0, 1], [0, 0, 0])
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -114,6 +116,7 @@ def test_sampled_output_follows_the_target_exactly(temperature):
     (dict(vocab_size=5, nodes=0), "size must be an integer >= 1"),
     (dict(vocab_size=5, k=0), "k must be an integer >= 1"),
     (dict(vocab_size=5, rank_probs=(0.5, 1.5)), "rank_probs must be a non-empty sequence of probabilities"),
+    (dict(vocab_size=5, rank_probs=(0.0, 0.0)), r"rank_probs must be .* not all 0"),
 ])
 def test_bad_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -36,12 +36,13 @@ RANK_PROBS = (0.45, 0.15, 0.08, 0.05, 0.04, 0.03, 0.02, 0.02)
 
 def tree_template(size: int, rank_probs=RANK_PROBS) -> tuple[list[int], list[int]]:
     """``(parents, ranks)`` of the ``size`` nodes with the highest chance to be reached, taking the
-    child of rank r as kept with probability ``rank_probs[r]``, independently: the chance of a node
-    is the product along its path, which only falls from parent to child, so the best ``size``
-    nodes form a tree. ``parents[i]`` is an earlier node's index or -1 (a child of the root)."""
+    child of rank r as kept with probability ``rank_probs[r]``, independently (a rank never kept
+    may have 0: its nodes come last): the chance of a node is the product along its path, which
+    only falls from parent to child, so the best ``size`` nodes form a tree. ``parents[i]`` is an earlier node's index or -1 (a child of the root)."""
     size = check_int(size, "size", 1)
-    if not rank_probs or not all(0 < p <= 1 for p in rank_probs):
-        raise ValueError(f"rank_probs must be a non-empty sequence of probabilities in (0, 1], got {rank_probs!r}")
+    if not rank_probs or not all(0 <= p <= 1 for p in rank_probs) or not any(rank_probs):
+        raise ValueError(f"rank_probs must be a non-empty sequence of probabilities in [0, 1], not all 0, "
+                         f"got {rank_probs!r}")
     frontier = [(-p, -1, r) for r, p in enumerate(rank_probs)]  # (minus the chance, parent, rank)
     heapq.heapify(frontier)
     parents, ranks = [], []
