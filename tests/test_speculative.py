@@ -144,6 +144,10 @@ def test_loop_overhead_is_what_the_passes_and_the_drafter_leave():
                               drafted=[2, 2, 3])
     assert loop_overhead(chain, 0.010, v, draft_step=0.001) == pytest.approx(0.2)
     assert loop_overhead(chain, 0.010, v) == pytest.approx(0.2 + 0.7 / 3)  # a free drafter: its time is the loop's
+    # A tree's call passes over its nodes and the pending token (fed), not depth + 1: two calls of
+    # depth 2 over 3 nodes (passes of 1.5 steps each) in 36 ms after the prefill: 0.3 steps a call.
+    tree = SpeculativeResult(**empty, seconds=0.046, prefill_seconds=0.010, drafted=[2, 2], fed=[4, 4])
+    assert loop_overhead(tree, 0.010, v) == pytest.approx(0.3)
     # Plain decoding: four steps of one token in 48 ms after the prefill: 0.2 steps each.
     plain = GenerationResult(**empty, seconds=0.058, prefill_seconds=0.010, step_seconds=[0.012] * 4)
     assert loop_overhead(plain, 0.010, v) == pytest.approx(0.2)

@@ -78,6 +78,11 @@ def test_greedy_output_is_the_targets_own_and_the_table_pays():
                                       temperature=0)
         assert [t.tolist() for t in out.new_tokens] == [t.tolist() for t in plain.new_tokens]
     assert out.model_calls < 20  # a tiny model repeats itself: the recycled guesses are kept
+    # Each call's pass took the pending token and the tree's nodes (all 12 of the template, no
+    # deeper than gamma = 4; fewer near the end, where fewer tokens are left): what the result
+    # records as fed, beside the tree's depth.
+    assert max(drafter.depths) <= 4 and len(out.fed) == len(out.drafted) == out.model_calls - 1
+    assert out.fed[0] == 13 and all(d + 1 <= f <= 13 for d, f in zip(out.drafted, out.fed))
 
 
 def test_the_drafter_counts_how_often_each_rank_was_the_targets_top_token():

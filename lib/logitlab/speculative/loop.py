@@ -258,11 +258,12 @@ def _call(run, pending, gamma, active, look) -> torch.Tensor:
     if isinstance(proposal, DraftTree):
         num, nxt = _tree_call(run, pending, proposal, active, look)
         kept = num.tolist()
-        g = proposal.depth
+        g, fed = proposal.depth, proposal.tokens.shape[1] + 1
     else:
         drafts, q = proposal
         logits = side.score(pending, drafts)  # [B, g + 1, V]
         g = drafts.shape[1]
+        fed = g + 1
         if look is not None:
             logits = _masked_positions(look, logits, drafts)
         p = target_probs(logits, config)
@@ -278,7 +279,7 @@ def _call(run, pending, gamma, active, look) -> torch.Tensor:
         side.rollback(num, g)
     drafter.rollback(num)
     t2 = now(device)
-    run.log.record([call_counts(n, k, g) for n, k in zip(kept, out.kept_since(active, before))], g, t0, t1, t2)
+    run.log.record([call_counts(n, k, g) for n, k in zip(kept, out.kept_since(active, before))], g, t0, t1, t2, fed)
     return nxt
 
 

@@ -23,7 +23,8 @@ class SpeculativeResult(GenerationResult):
     # the output keeps, none after its EOS).
     accepted: list[list[int]] = field(default_factory=list)
     examined: list[list[int]] = field(default_factory=list)
-    drafted: list[int] = field(default_factory=list)  # per call: drafts proposed per row (g)
+    drafted: list[int] = field(default_factory=list)  # per call: drafts proposed per row (g; a tree's depth)
+    fed: list[int] = field(default_factory=list)  # per call: tokens the target's pass took per row (g + 1; n + 1)
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
 
@@ -86,17 +87,21 @@ class CallLog:
     accepted: list = field(default_factory=list)
     examined: list = field(default_factory=list)
     drafted: list = field(default_factory=list)
+    fed: list = field(default_factory=list)
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     step_seconds: list = field(default_factory=list)
 
-    def record(self, counts: list[tuple[int, int]], drafted: int, start: float, drafted_at: float, end: float):
+    def record(self, counts: list[tuple[int, int]], drafted: int, start: float, drafted_at: float, end: float,
+               fed: int | None = None):
         """One call: each row's ``(accepted, examined)`` (``theory.call_counts``), the drafts it
-        proposed per row, and the clock when it began, when the drafts were ready and when it ended."""
+        proposed per row, and the clock when it began, when the drafts were ready and when it ended;
+        ``fed``: the tokens its target pass took per row (default ``drafted + 1``, a chain's)."""
         self.model_calls += 1
         self.accepted.append([a for a, _ in counts])
         self.examined.append([e for _, e in counts])
         self.drafted.append(drafted)
+        self.fed.append(drafted + 1 if fed is None else fed)
         self.draft_seconds += drafted_at - start
         self.verify_seconds += end - drafted_at
         self.step_seconds.append(end - start)

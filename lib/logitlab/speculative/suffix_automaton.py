@@ -31,7 +31,7 @@ class SuffixAutomaton:
     """The suffix automaton of a token sequence, built online: ``extend(token)`` appends one.
 
     ``SuffixAutomaton([1, 2, 1, 2])`` accepts 2,1 (a substring) and not 2,2. It has at most
-    2n - 1 states for n tokens; each state's transitions are a dict from token to state.
+    2n - 1 states for n >= 2 tokens; each state's transitions are a dict from token to state.
     """
 
     def __init__(self, tokens=()):

@@ -62,14 +62,16 @@ def loop_overhead(result: GenerationResult, step: float, verify_cost, draft_step
     tokens, in steps) and less the drafter's steps at ``draft_step`` seconds each (its step
     measured apart, c times ``step``), over its calls: choosing and accepting tokens, recording
     log-probabilities, trimming caches, the drafter's own bookkeeping. For ``ll.generate``'s
-    result (no drafts) every call is one step over one token. A chain's call passes over its
-    drafts and the pending token; a tree's pass sizes are not in its result, so this reads chains
-    and plain decoding only. Negative values are possible: passes timed apart can run slower than
-    inside the loop."""
+    result (no drafts) every call is one step over one token. Each call's pass is over the tokens
+    its result records as ``fed`` (a chain's drafts and the pending token, a tree's nodes and the
+    pending token). Negative values are possible: passes timed apart can run slower than inside
+    the loop."""
     step = check_number(step, "step (seconds of a decode step)", "a number > 0", lambda v: v > 0)
     draft_step = check_number(draft_step, "draft_step (seconds of a drafter step)", "a number >= 0", lambda v: v >= 0)
-    drafted = getattr(result, "drafted", None)
-    sizes = [g + 1 for g in drafted] if drafted is not None else [1] * len(result.step_seconds)
+    if hasattr(result, "drafted"):
+        sizes = list(result.fed) or [g + 1 for g in result.drafted]  # a result made without fed: chains
+    else:
+        sizes = [1] * len(result.step_seconds)
     if not sizes:
         raise ValueError("result must have made at least one call after its prefill")
     drafting = max(getattr(result, "drafter_steps", 1) - 1, 0) * draft_step  # its prompt's pass is not a draft step
