@@ -70,7 +70,7 @@ def test_a_trie_of_every_substring_is_too_big():
         node = {s: i for i, s in enumerate(strings)}
         return nxt, [-1] + [node[s[1:]] for s in strings[1:]], [len(s) for s in strings]
 
-    with pytest.raises(CheckFailed, match=r"Case \[1, 2, 1\]: expected 4 states \(the smallest automaton\), got 6"):
+    with pytest.raises(CheckFailed, match=r"Case \[1, 2, 1\]: expected 4 states \(one per set of end positions\), got 6"):
         check_suffix_automaton(trie)
 
 

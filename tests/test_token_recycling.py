@@ -101,6 +101,11 @@ def test_the_drafter_counts_how_often_each_rank_was_the_targets_top_token():
     assert drafter.measured_rank_probs() == pytest.approx([2 / 3, 0.0])
     drafter.observe_logits(torch.tensor([[2]]), logits[:, :1])  # a prefill is not a tree: not counted
     assert drafter.measured_rank_probs() == pytest.approx([2 / 3, 0.0])
+    chain = TokenRecycler(6, nodes=2, k=3, rank_probs=(0.5, 0.2, 0.1))  # two nodes of rank 0: a chain
+    chain.table = torch.tensor([[0, 1, 2], [3, 4, 5], [0, 1, 2], [4, 5, 0], [0, 2, 3], [0, 1, 2]])
+    assert chain.propose(torch.tensor([1]), gamma=3, config=None).tokens.tolist() == [[3, 4]]
+    chain.observe_logits(torch.tensor([[1, 3, 4]]), torch.nn.functional.one_hot(torch.tensor([[3, 4, 0]]), 6).float())
+    assert chain.measured_rank_probs() == [1.0]  # ranks 2 and 3 were never drafted: nothing to report
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

@@ -1,8 +1,9 @@
 """Drafting from a suffix automaton: drafts copied from the longest earlier match, no model at all.
 
 Prompt lookup (``prompt_lookup``) searches the last few tokens again at every call, up to a fixed
-n-gram length. A suffix automaton (Blumer et al. 1985) keeps that search done: it is the smallest
-automaton that accepts every substring of a sequence, it grows by one token in amortised
+n-gram length. A suffix automaton (Blumer et al. 1985) keeps that search done: the smallest
+automaton of the sequence's suffixes, which read with every state accepting accepts exactly its
+substrings, one state per set of end positions (below); it grows by one token in amortised
 constant time, and it always knows the longest suffix of the sequence that occurred before, of
 any length, and where that occurrence ended. What followed it there is the draft (the idea of
 SAM-Decoding, Hu et al. 2024). Chapter 11's automata read a pattern; this one is built from the

@@ -68,8 +68,9 @@ def best_size(costs: dict, rank_probs=RANK_PROBS, overhead: float = 0.0) -> int:
     """The template size with the most tokens per unit of time on this machine: a call of ``n``
     nodes yields ``1 + sum(template_chances)`` tokens, expected, and costs a pass over ``n + 1``
     tokens (``costs[n + 1]`` decode steps, as ``logitlab.measure.timing.pass_costs`` measures
-    them) and ``overhead`` steps of the loop's own work. Sizes ``n`` with ``n + 1`` in ``costs``."""
-    sizes = [n - 1 for n in costs if n >= 2]
+    them) and ``overhead`` steps of the loop's own work. Sizes ``n`` with ``n + 1`` in ``costs``;
+    the smallest on a tie."""
+    sizes = sorted(n - 1 for n in costs if n >= 2)
     if not sizes or not all(costs[n + 1] > 0 for n in sizes):
         raise ValueError(f"costs must map pass sizes >= 2 to their cost in decode steps (> 0), got {costs!r}")
 
@@ -134,10 +135,12 @@ class TokenRecycler(Drafter):
     def measured_rank_probs(self) -> list[float]:
         """How often a child of each rank was the target's top token after its parent, over the
         trees verified so far: at temperature 0, the chance that it is kept when its parent is.
-        ``tree_template`` and ``best_size`` take it as ``rank_probs``."""
+        Only the ranks up to the highest the trees used: a rank never drafted has nothing to
+        measure. ``tree_template`` and ``best_size`` take it as ``rank_probs``."""
         if self.rank_counts is None:
             raise ValueError("no tree of this drafter has been verified yet")
-        return (self.rank_hits / self.rank_counts.clamp_min(1)).tolist()
+        drafted = int((self.rank_counts > 0).nonzero().max()) + 1
+        return (self.rank_hits[:drafted] / self.rank_counts[:drafted].clamp_min(1)).tolist()
 
     def propose(self, next_tokens, gamma, config, generator=None):
         table = self._table_on(next_tokens.device)

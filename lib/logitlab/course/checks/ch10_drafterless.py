@@ -61,8 +61,10 @@ def _rejects_the_rest(next_: list[dict], tokens: list[int]) -> None:
 
 
 def _fewest_states(tokens: list[int]) -> int:
-    """The states of the smallest automaton that accepts the substrings: one per distinct set of
-    end positions (two substrings that end at the same places have the same futures)."""
+    """The states of the suffix automaton: one per distinct set of end positions (two substrings
+    that end at the same places have the same futures). It accepts the substrings, and is the
+    smallest automaton of the suffixes, though not always of the substrings: in 1 2 2, the
+    substrings 2 and 1 2 have the same futures but end at different places."""
     n = len(tokens)
     ends = {tuple(tokens[i:j]): [] for i in range(n + 1) for j in range(i, n + 1)}
     for s in ends:
@@ -85,7 +87,8 @@ def _check_one(fn, tokens: list[int], hint: str) -> None:
         raise CheckFailed(f"{label}: {failed} {hint}") from None
     want = _fewest_states(tokens)
     if len(next_) != want:
-        raise CheckFailed(f"{label}: expected {want} states (the smallest automaton), got {len(next_)}. {hint}")
+        raise CheckFailed(f"{label}: expected {want} states (one per set of end positions), got {len(next_)}. "
+                          f"{hint}")
     if len(link) != len(next_) or len(length) != len(next_):
         raise CheckFailed(f"{label}: link and length need one entry per state ({len(next_)}).")
     for state, strings in sorted(by_state.items()):
@@ -111,8 +114,9 @@ def check_suffix_automaton(fn) -> None:
     """Check ``fn(tokens) -> (next, link, length)`` (chapter 10): the suffix automaton of the
     token list, built token by token. ``next[s]`` is state s's transitions (a dict token ->
     state), ``link[s]`` its suffix link (-1 for state 0, the empty string), ``length[s]`` the
-    length of its longest string. Checked: it accepts every substring and nothing else, has as
-    few states as the smallest such automaton, and each state's length and link are right."""
+    length of its longest string. Checked: it accepts every substring and nothing else, has one
+    state per set of end positions (the suffix automaton's), and each state's length and link are
+    right."""
     for tokens, hint in AUTOMATON_CASES:
         _check_one(fn, tokens, hint)
     print(f"check_suffix_automaton: all {len(AUTOMATON_CASES)} cases passed.")
