@@ -1,12 +1,14 @@
-"""The measurements the book ships, for the closing chapter ("Choosing a decoder").
+"""The measurements the book ships, for the closing chapter ("Choosing a decoder") and chapter 10.
 
-Four files in ``logitlab/data``:
+Five files in ``logitlab/data``:
 
 * ``bench_cpu.json``: one whole run of ``python -m logitlab.bench`` on the book's 2-core CPU,
   every row (measurement, median seconds, ratio, what the ratio is against) and the machine;
 * ``bench_spec_bench_cpu.json``: the bench's Spec-Bench section alone (every drafter on the
   six tasks of the shipped sample, ``logitlab.spec_bench``), run three times on the same CPU
   (``--runs 3``): each row's median and every run's ratio, the spread a ranking must exceed;
+* ``bench_training_free_cpu.json``: the same section with only the drafters that need no
+  training (``--spec-bench-drafters 'lookup|suffix|Recycling'``, chapter 10), three runs;
 * ``gpu_pass_costs_h100.json``: the cost of a forward pass of SmolLM2-135M over n new tokens on
   an NVIDIA H100, in float32 and bfloat16, and the one-layer draft model's step over the
   target's (c), measured once with the book's own timing code;
@@ -94,21 +96,34 @@ def run_markdown(run: dict) -> str:
 # The shipped runs' tables sit between these pairs of lines of the benchmarks page (MyST comments).
 PAGE_BEGIN, PAGE_END = "% BEGIN the shipped bench run", "% END the shipped bench run"
 SPEC_BENCH_BEGIN, SPEC_BENCH_END = "% BEGIN the shipped Spec-Bench run", "% END the shipped Spec-Bench run"
+FREE_BEGIN, FREE_END = "% BEGIN the shipped training-free run", "% END the shipped training-free run"
 
 
-def write_into_page(page: str | Path, run: dict | None = None, spec_bench: dict | None = None) -> None:
+def write_into_page(page: str | Path, run: dict | None = None, spec_bench: dict | None = None,
+                    training_free: dict | None = None) -> None:
     """Replace the tables between ``PAGE_BEGIN`` and ``PAGE_END`` in ``page`` (the benchmarks
     page) with ``run_markdown(run)`` (default: the shipped run), and those between
-    ``SPEC_BENCH_BEGIN`` and ``SPEC_BENCH_END`` with ``spec_bench_markdown(spec_bench)``
-    (default: the shipped Spec-Bench run), after a new run is shipped."""
+    ``SPEC_BENCH_BEGIN`` and ``SPEC_BENCH_END`` (``FREE_BEGIN`` and ``FREE_END``) with
+    ``spec_bench_markdown`` of the shipped Spec-Bench run (training-free run) or of the one given,
+    after a new run is shipped; a pair of lines the page does not have is left out."""
     page = Path(page)
     text = page.read_text()
     for begin, end, markdown in [(PAGE_BEGIN, PAGE_END, lambda: run_markdown(run or bench_run())),
                                  (SPEC_BENCH_BEGIN, SPEC_BENCH_END,
-                                  lambda: spec_bench_markdown(spec_bench or spec_bench_run()))]:
+                                  lambda: spec_bench_markdown(spec_bench or spec_bench_run())),
+                                 (FREE_BEGIN, FREE_END,
+                                  lambda: spec_bench_markdown(training_free or training_free_run()))]:
+        if begin not in text:
+            continue
         start, stop = text.index(begin) + len(begin), text.index(end)
         text = text[:start] + "\n\n" + markdown() + "\n" + text[stop:]
     page.write_text(text)
+
+
+def training_free_run(path: str | Path | None = None) -> dict:
+    """The shipped Spec-Bench run of the drafters that need no training (chapter 10): prompt
+    lookup, the suffix automaton and Token Recycling beside ``ll.generate``, three runs."""
+    return bench_run(path or DATA / "bench_training_free_cpu.json")
 
 
 def spec_bench_run(path: str | Path | None = None) -> dict:
@@ -161,7 +176,8 @@ def overall(rows: list[dict], baseline: list[dict]) -> tuple[float | None, float
 
 # The leaderboard's method -> the start of our row that runs the same kind of drafter.
 SPEC_BENCH_NEAREST = {"prompt lookup (PLD)": "prompt lookup", "draft model (SpS)": "draft model",
-                      "Medusa": "Medusa heads", "EAGLE": "EAGLE chain", "EAGLE-2": "EAGLE tree"}
+                      "Medusa": "Medusa heads", "EAGLE": "EAGLE chain", "EAGLE-2": "EAGLE tree",
+                      "Token Recycling": "Token Recycling"}
 
 
 def spec_bench_markdown(run: dict, leaderboard: dict | None = None) -> str:
@@ -196,7 +212,8 @@ def spec_bench_markdown(run: dict, leaderboard: dict | None = None) -> str:
     board = ["| the leaderboard's method | its tokens per call | its speedup | our nearest row | "
              "our tokens per pass, T = 0 | our speedup, T = 0 |", "|:---|---:|---:|:---|---:|---:|"]
     for name, (calls, ratio) in leaderboard.items():
-        mine = next(((m, v) for (t, m), v in ours.items() if t == 0 and SPEC_BENCH_NEAREST.get(name, "\0") in m), None)
+        mine = next(((m, v) for (t, m), v in ours.items() if t == 0 and m.startswith(SPEC_BENCH_NEAREST.get(name, "\0"))),
+                    None)
         board.append(f"| {name} | {calls:.2f} | {ratio:.2f}x | " + (f"{mine[0]} | {mine[1][0]:.2f} | {mine[1][1]:.2f}x |"
                                                                    if mine else "none here | | |"))
     parts.append("### The leaderboard beside ours (Vicuna-7B on an A100; ours SmolLM2-135M on this CPU)\n\n"
