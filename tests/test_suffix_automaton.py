@@ -108,6 +108,8 @@ def test_greedy_output_is_the_targets_own(corpus):
                                   eos_token_id=[], temperature=0)
     assert [t.tolist() for t in out.new_tokens] == [t.tolist() for t in plain.new_tokens]
     assert out.model_calls < 25  # some drafts were kept: fewer calls than tokens
+    # A chain's pass takes the pending token and its drafts: what the result records as fed.
+    assert out.fed == [g + 1 for g in out.drafted] and len(out.fed) == out.model_calls - 1 and max(out.drafted) > 0
 
 
 def test_sampled_output_follows_the_target_exactly():

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 import logitlab as ll
+from logitlab.speculative.draft_model import DraftModelDrafter
 from logitlab.speculative.loop import speculative_generate
-from logitlab.measure.exactness import output_distance
+from logitlab.measure.exactness import output_counts, output_distance, output_pvalue
 from logitlab.speculative.typical import TypicalAcceptance, typical_accept, typical_threshold
 
 SURE = [0.97, 0.01, 0.01, 0.01]  # low entropy: the bar is epsilon
@@ -107,6 +108,16 @@ def test_bad_shapes_raise():
         typical_accept(torch.tensor([[7]]), p, 0.09, 0.3)
     with pytest.raises(ValueError, match="p"):
         typical_accept(torch.tensor([[0]]), torch.tensor([[[0.5, 0.6, 0.0, 0.0]]]), 0.09, 0.3)
+
+
+def test_the_chi_square_passes_rejection_sampling_and_fails_typical_acceptance():
+    # The false-positive rate of the first assertion is 1e-3 (the p-value of an exact loop is uniform).
+    # A flat toy (scale 0.5), so that every continuation is expected more than 5 times.
+    target, small = ll.toy_model(4, 2, seed=0, scale=0.5), ll.toy_model(4, 2, seed=1, scale=0.5)
+    exact, counts = output_counts(target, DraftModelDrafter(small), None, prompt=[1], length=3)
+    assert counts.sum() == 20_000 and exact.sum().item() == pytest.approx(1.0) and (exact * 20_000).min() > 5
+    assert output_pvalue(target, DraftModelDrafter(small), ll.speculative.RejectionSampling(), prompt=[1]) > 1e-3
+    assert output_pvalue(target, DraftModelDrafter(small), TypicalAcceptance(), prompt=[1]) < 1e-6
 
 
 def test_output_distance_refuses_a_vocabulary_too_large_to_enumerate():

@@ -1,6 +1,7 @@
 """How far a speculative loop's outputs are from the target's own distribution.
 
-Chapter 7 uses it to show that typical acceptance is not exact while rejection sampling is: every
+Chapter 7 uses it to show that typical acceptance is not exact while rejection sampling is, and
+chapter 10 (``output_pvalue``) that drafts recycled from the target keep the loop exact: every
 continuation of a tiny-vocabulary model is enumerated, so the distance is computed, not estimated
 from samples of the target.
 """
@@ -15,7 +16,6 @@ from ..devices import generator as seeded_generator
 from ..speculative.loop import speculative_generate
 
 
-@torch.inference_mode()
 def output_distance(target, drafter, acceptance, prompt=(1,), length: int = 3, samples: int = 20_000,
                     gamma: int = 2, temperature: float = 1.0, seed: int = 0) -> float:
     """Total variation between the continuations that ``ll.speculative_generate`` produces with
@@ -27,6 +27,27 @@ def output_distance(target, drafter, acceptance, prompt=(1,), length: int = 3, s
     ``0.4 * sqrt(V ** length / samples)`` (less for a peaked target), which an exact rule
     (rejection sampling) shows.
     """
+    exact, counts = output_counts(target, drafter, acceptance, prompt, length, samples, gamma, temperature, seed)
+    return 0.5 * (counts / samples - exact).abs().sum().item()
+
+
+def output_pvalue(target, drafter, acceptance=None, prompt=(1,), length: int = 3, samples: int = 20_000,
+                  gamma: int = 2, temperature: float = 1.0, seed: int = 0) -> float:
+    """The p-value of Pearson's chi-square test of the same counts against the exact
+    probabilities (chapter 10): uniform between 0 and 1 for an exact loop. Every continuation
+    should be expected 5 times or more (``samples`` large enough for the least likely)."""
+    from scipy.stats import chisquare
+
+    exact, counts = output_counts(target, drafter, acceptance, prompt, length, samples, gamma, temperature, seed)
+    return float(chisquare(counts.numpy(), (exact / exact.sum() * samples).numpy()).pvalue)
+
+
+@torch.inference_mode()
+def output_counts(target, drafter, acceptance, prompt=(1,), length: int = 3, samples: int = 20_000,
+                  gamma: int = 2, temperature: float = 1.0, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(exact, counts)``, on the CPU in float64, one entry per continuation of ``length`` tokens
+    in ``itertools.product`` order: its probability under the target, and how many of the loop's
+    ``samples`` outputs (one batch, seeded with ``seed``) it was."""
     import itertools
     from collections import Counter
 
@@ -48,4 +69,4 @@ def output_distance(target, drafter, acceptance, prompt=(1,), length: int = 3, s
                                temperature=temperature, num_return_sequences=samples, acceptance=acceptance,
                                generator=seeded_generator(target, seed))
     counts = Counter(tuple(t.tolist()) for t in out.new_tokens)
-    return 0.5 * sum(abs(counts.get(s, 0) / samples - e.item()) for s, e in zip(seqs, exact))
+    return exact.cpu().double(), torch.tensor([counts.get(s, 0) for s in seqs], dtype=torch.float64)

@@ -13,7 +13,7 @@ Both parts' proposals are fixed by the past (point masses), so the output stays 
 
 from __future__ import annotations
 
-from .drafter import Drafter, padded_chains
+from .drafter import Drafter
 from .suffix_automaton import SuffixDrafter
 from .token_recycling import TokenRecycler
 
@@ -39,15 +39,11 @@ class CopyOrRecycle(Drafter):
         self.recycle.observe_logits(tokens, logits)
 
     def propose(self, next_tokens, gamma, config, generator=None):
-        for r, token in enumerate(next_tokens.tolist()):
-            self.copy.append(r, token)
-        found = [self.copy.match(r, gamma)[1] for r in range(len(self.copy.rows))]
+        found = self.copy.grow(next_tokens, gamma)
         if all(found):
             self.tree, self.recycle.last_tree = None, None  # no tree whose ranks to count
             self.copied += 1
-            last = [a.tokens[-1] for a in self.copy.rows]
-            self.copy.proposed, tokens, q = padded_chains(found, last, self.vocab_size, next_tokens.device)
-            return tokens, q
+            return self.copy.chain(found, next_tokens.device)
         self.recycled += 1
         self.tree = self.recycle.propose(next_tokens, gamma, config, generator)
         return self.tree

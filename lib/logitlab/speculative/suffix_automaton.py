@@ -119,9 +119,10 @@ class SuffixDrafter(Drafter):
     Each row's automaton holds its prompt and the tokens it has kept; ``corpus`` (a list of token
     lists: earlier outputs, documents) adds one shared automaton, matched as the row grows. The
     longer match of the two gives the draft (the row's own text when they tie, the other when it
-    has nothing after it); a match shorter than ``min_match`` tokens proposes nothing. Rows propose the same number of tokens (the
-    longest proposal), the shorter ones padded with their last token, as ``PromptLookupDrafter``.
-    The proposals are deterministic: ``q`` is one-hot, so verification keeps the output exact.
+    has nothing after it); a match shorter than ``min_match`` tokens proposes nothing. Rows
+    propose the same number of tokens (the longest proposal), the shorter ones padded with their
+    last token, as ``PromptLookupDrafter``. The proposals are deterministic: ``q`` is one-hot, so
+    verification keeps the output exact.
     """
 
     def __init__(self, vocab_size: int, corpus=None, min_match: int = 1):
@@ -154,11 +155,17 @@ class SuffixDrafter(Drafter):
         return sum(len(a) for a in self.rows) + (len(self.corpus) if self.corpus is not None else 0)
 
     def propose(self, next_tokens, gamma, config, generator=None):
+        return self.chain(self.grow(next_tokens, gamma), next_tokens.device)
+
+    def grow(self, next_tokens, gamma: int) -> list[list[int]]:
+        """Each row takes its pending token; returns each row's draft (``match``), maybe empty."""
         for r, token in enumerate(next_tokens.tolist()):
             self.append(r, token)
-        found = [self.match(r, gamma)[1] for r in range(len(self.rows))]
-        self.proposed, tokens, q = padded_chains(found, [a.tokens[-1] for a in self.rows], self.vocab_size,
-                                                 next_tokens.device)
+        return [self.match(r, gamma)[1] for r in range(len(self.rows))]
+
+    def chain(self, found: list[list[int]], device):
+        """The rows' drafts ``found`` as this call's proposal (``tokens, q``), remembered for ``rollback``."""
+        self.proposed, tokens, q = padded_chains(found, [a.tokens[-1] for a in self.rows], self.vocab_size, device)
         return tokens, q
 
     def match(self, r: int, gamma: int) -> tuple[int, list[int]]:
