@@ -140,6 +140,21 @@ def test_every_ratio_on_the_page_reads_one_way():
         assert not relative.startswith(("slower", "faster"))
 
 
+def test_spec_bench_forecasts_are_read_and_set_against_the_first_run():
+    rows = spec_bench_rows()
+    for r, predicted in zip(rows[1::2], ("1.60", "1.20")):
+        r["measurement"] = r["measurement"].replace("target pass, ", f"target pass, predicted {predicted}x, ")
+    cells = results.spec_bench_cells({"rows": rows})
+    mine, base = (list(cells[(0.0, m)].values()) for m in ("EAGLE chain (gamma=3)", "ll.generate"))
+    assert [r["predicted"] for r in mine] == [1.6, 1.2]
+    # First run: translation 4 s against 2 s (2.00x), QA 3 s against 3 s (1.00x), 7 s against 5 s in
+    # all; forecast times 4 / 1.6 + 3 / 1.2 = 5 s, so 1.40x forecast over both tasks.
+    assert results.overall_forecast(mine, base) == pytest.approx(1.4)
+    text = results.spec_bench_markdown({"machine": "m", "runs": 2, "rows": rows}, leaderboard={})
+    assert "### T = 0: the cost model's forecast / the first run's speed" in text
+    assert "| EAGLE chain (gamma=3) | 1.60x / 2.00x | 1.20x / 1.00x | 1.40x / 1.40x |" in text
+
+
 def spec_bench_rows(tasks=("translation", "question answering")):
     """Two tasks at T = 0, ll.generate and one drafter, two runs each."""
     rows = []
@@ -159,21 +174,31 @@ def test_spec_bench_tables_read_every_row_and_sum_the_tasks():
     cells = results.spec_bench_cells(run)
     assert set(cells) == {(0.0, "ll.generate"), (0.0, "EAGLE chain (gamma=3)")}
     row = cells[(0.0, "EAGLE chain (gamma=3)")]["translation"]
-    assert row["per_call"] == 2.0 and row["first_kept"] == 0.5
+    assert row["per_call"] == 2.0 and row["first_kept"] == 0.5 and row["predicted"] is None  # a run without forecasts
     # All tasks: 2 x 128 tokens at 2 and at 1 token per pass = 128 + 256 passes: 512 / 384 tokens per
     # pass; ll.generate's 5 + 3 seconds over the drafter's 3 + 2.5, and per run 7/5 and 9/6.
     per_call, ratio, runs = results.overall(list(cells[(0.0, "EAGLE chain (gamma=3)")].values()),
                                             list(cells[(0.0, "ll.generate")].values()))
-    assert per_call == pytest.approx(512 / 384) and ratio == pytest.approx(8 / 5.5)
+    assert per_call == pytest.approx(512 / 384) and ratio == pytest.approx(1.45)  # the median of the runs
     assert runs == pytest.approx([7 / 5, 9 / 6])
     text = results.spec_bench_markdown(run, leaderboard={"EAGLE": (3.58, 2.10), "Hydra": (3.26, 2.07)})
     assert "| EAGLE chain (gamma=3) | 2.00 (0.50) | 1.00 (0.50) | 1.33 |" in text
     assert "| 1.45x [1.40-1.50] |" in text
     assert "| EAGLE | 3.58 | 2.10x | EAGLE chain (gamma=3) | 1.33 | 1.45x |" in text
     assert "| Hydra | 3.26 | 2.07x | none here | | |" in text
+    assert "forecast" not in text and results.overall_forecast(list(cells[(0.0, "EAGLE chain (gamma=3)")].values()),
+                                                                 list(cells[(0.0, "ll.generate")].values())) is None
     none = dict(spec_bench_rows()[1], measurement="prompt lookup (gamma=5) (1.00 tokens per target pass, no drafts "
                                                    "proposed), 2 Spec-Bench translation prompts, 128 tokens each, T=1")
     assert results.spec_bench_cells({"rows": [none]})[(1.0, "prompt lookup (gamma=5)")]["translation"]["first_kept"] is None
+    forecast = dict(spec_bench_rows()[1], measurement="suffix automaton (gamma=5) (1.70 tokens per target pass, "
+                                                       "predicted 1.52x, accepted by position 0.40/0.30), 2 Spec-Bench "
+                                                       "translation prompts, 128 tokens each, T=0")
+    row = results.spec_bench_cells({"rows": [forecast]})[(0.0, "suffix automaton (gamma=5)")]["translation"]
+    assert (row["per_call"], row["predicted"], row["first_kept"]) == (1.70, 1.52, 0.40)
+    quiet = forecast["measurement"].replace("accepted by position 0.40/0.30", "no drafts proposed")
+    assert results.spec_bench_cells({"rows": [dict(forecast, measurement=quiet)]})[
+        (0.0, "suffix automaton (gamma=5)")]["translation"]["predicted"] == 1.52
     bad = dict(spec_bench_rows()[0], measurement="ll.generate, 2 Spec-Bench prompts of a new kind")
     with pytest.raises(ValueError, match="unknown form"):
         results.spec_bench_cells({"machine": "m", "rows": [bad]})

@@ -6,12 +6,14 @@ this machine)."""
 from __future__ import annotations
 
 import re
+import statistics
 
 import torch
 
 from .. import spec_bench
 from ..decoding.generate import generate
 from ..speculative.loop import speculative_generate
+from .costmodel import calibrate, predicted_speedups
 from .drafting import by_position, pass_calls, time_against_ar
 from .prompts import chat
 
@@ -65,6 +67,18 @@ def drafting_runs(model, drafters: dict, temperature: float, new_tokens: int) ->
     }
 
 
+def forecasts(model, runs: dict, held_out, context) -> dict:
+    """The cost model's forecast of each drafter's speedup (``ll.generate`` excluded), its pass
+    sizes and drafter time taken from a run on ``held_out`` prompts (not the timed ones), every
+    pass priced at v(n) after ``context``. PaSS drafts with passes of the target, which the cost
+    model already prices, so its drafter time is not added a second time."""
+    drafters = {label: fn for label, fn in runs.items() if label != "ll.generate"}
+    seen = calibrate(model, {label: fn for label, fn in drafters.items() if label != PASS}, held_out)
+    if PASS in drafters:
+        seen |= calibrate(model, {PASS: drafters[PASS]}, held_out, drafter_seconds=lambda result: 0.0)
+    return predicted_speedups(model, seen, context)
+
+
 @torch.inference_mode()
 def bench_spec_bench(table, model, tokenizer, per_task: int = 2, new_tokens: int = 128, temperatures=(0.0, 1.0),
                      repeat: int = 3, tasks=None, drafters: dict | None = None, only: str | None = None) -> None:
@@ -72,13 +86,16 @@ def bench_spec_bench(table, model, tokenizer, per_task: int = 2, new_tokens: int
     ``per_task`` questions of the shipped sample, ``new_tokens`` tokens each, at each temperature:
     every drafter of ``drafting_runs`` timed in turn with ``ll.generate`` (checked to give the
     greedy tokens at T = 0); each row carries its tokens per target pass (PaSS's drafting calls
-    counted) and the acceptance of each draft position. ``drafters``: the trained drafters to
-    measure (default ``shipped_drafters``), e.g. newly trained ones against the shipped. ``only``: a
-    regular expression; only the drafters whose label it finds run (``ll.generate`` always does),
-    e.g. ``"lookup|suffix|Recycling"`` for the drafters that need no training (chapter 10)."""
+    counted), the cost model's forecast of its speedup and the acceptance of each draft position.
+    The forecast is calibrated on the task's next question (``per_task + 1``-th, never timed) and
+    prices passes after a context as long as the timed prompts plus half the new tokens, the
+    middle of their answers. ``drafters``: the trained drafters to measure (default
+    ``shipped_drafters``), e.g. newly trained ones against the shipped. ``only``: a regular
+    expression; only the drafters whose label it finds run (``ll.generate`` always does), e.g.
+    ``"lookup|suffix|Recycling"`` for the drafters that need no training (chapter 10)."""
     chosen = {task: spec_bench.questions(task) for task in tasks or spec_bench.TASKS}  # bad names fail here
-    if not all(1 <= per_task <= len(found) for found in chosen.values()):
-        raise ValueError(f"per_task must be between 1 and {spec_bench.SAMPLE_PER_TASK}, got {per_task!r}")
+    if not all(1 <= per_task < len(found) for found in chosen.values()):  # one question is kept for the forecast
+        raise ValueError(f"per_task must be between 1 and {spec_bench.SAMPLE_PER_TASK - 1}, got {per_task!r}")
     if only is not None:
         try:
             re.compile(only)
@@ -87,8 +104,13 @@ def bench_spec_bench(table, model, tokenizer, per_task: int = 2, new_tokens: int
     drafters = shipped_drafters(model) if drafters is None else drafters  # loaded once the input is known good
     for task, found in chosen.items():
         prompts = [chat(tokenizer, q.turns[0]) for q in found[:per_task]]
+        held_out = [chat(tokenizer, found[per_task].turns[0])]
+        # A pass's time depends on how long the cached context is, not on which tokens it holds.
+        length = round(statistics.mean(ids.shape[1] for ids in prompts)) + new_tokens // 2
+        context = [int(prompts[0][0, -1])] * length
         for temperature in temperatures:
             runs = {label: fn for label, fn in drafting_runs(model, drafters, temperature, new_tokens).items()
                     if only is None or label == "ll.generate" or re.search(only, label)}
             time_against_ar(table, model, runs, prompts, temperature, new_tokens, repeat, calls={PASS: pass_calls},
-                            unit="target pass", describe=by_position, task=f"Spec-Bench {task}")
+                            unit="target pass", predicted=forecasts(model, runs, held_out, context),
+                            describe=by_position, task=f"Spec-Bench {task}")

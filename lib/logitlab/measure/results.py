@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from pathlib import Path
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -133,16 +134,20 @@ def spec_bench_run(path: str | Path | None = None) -> dict:
 
 
 # A drafter's row of the Spec-Bench section, e.g. "EAGLE chain (gamma=3) (1.52 tokens per target
-# pass, accepted by position 0.40/0.31/0.25), 2 Spec-Bench translation prompts, 128 tokens each, T=0".
-SPEC_BENCH_ROW = re.compile(r"^(?P<method>.+?)(?: \((?P<per_call>[\d.]+) tokens per target pass, (?:accepted by position "
+# pass, predicted 1.21x, accepted by position 0.40/0.31/0.25), 2 Spec-Bench translation prompts, 128
+# tokens each, T=0"; runs before the bench forecast its rows have no "predicted".
+SPEC_BENCH_ROW = re.compile(r"^(?P<method>.+?)(?: \((?P<per_call>[\d.]+) tokens per target pass, "
+                            r"(?:predicted (?P<predicted>[\d.]+)x, )?(?:accepted by position "
                             r"(?P<kept>[\d./]+)|no drafts proposed)\))?, \d+ Spec-Bench (?P<task>.+) prompts, \d+ tokens each, "
                             r"T=(?P<temperature>[\d.]+)$")
 
 
 def spec_bench_cells(run: dict) -> dict:
     """``{(temperature, method): {task: row}}`` for every row of the run's Spec-Bench section,
-    each row with its ``per_call`` (tokens per target pass) and ``first_kept`` (the first draft
-    position's acceptance) read from its label; ``ll.generate``'s rows have neither. A row
+    each row with its ``per_call`` (tokens per target pass), ``first_kept`` (the first draft
+    position's acceptance) and ``predicted`` (the cost model's forecast of its speedup, in the
+    first run; None in runs that did not forecast) read from its label; ``ll.generate``'s rows
+    have none of them. A row
     whose label does not parse is a ``ValueError`` (the tables must not drop one silently)."""
     cells = {}
     for r in run["rows"]:
@@ -153,7 +158,8 @@ def spec_bench_cells(run: dict) -> dict:
             raise ValueError(f"a Spec-Bench row of an unknown form: {r['measurement']!r}")
         kept = match["kept"]
         row = dict(r, per_call=float(match["per_call"]) if match["per_call"] else None,
-                   first_kept=float(kept.split("/")[0]) if kept else None)
+                   first_kept=float(kept.split("/")[0]) if kept else None,
+                   predicted=float(match["predicted"]) if match["predicted"] else None)
         cells.setdefault((float(match["temperature"]), match["method"]), {})[match["task"]] = row
     return cells
 
@@ -166,12 +172,35 @@ def first_kept(row: dict) -> str:
 def overall(rows: list[dict], baseline: list[dict]) -> tuple[float | None, float, list[float]]:
     """Over several tasks with the same number of new tokens each: tokens per target pass (all
     tokens over all passes: the harmonic mean of the tasks'), and the speedup as the baseline's
-    total time over the drafter's, for the medians and for each run."""
+    total time over the drafter's: in each run, and their median (so that it lies within the runs'
+    range, as the median of per-task medians need not); with one run, of the rows' times."""
     per_call = len(rows) / sum(1 / r["per_call"] for r in rows) if all(r.get("per_call") for r in rows) else None
-    total = lambda rs, key: sum(r[key] for r in rs)  # noqa: E731
     runs = [sum(b["seconds_runs"][i] for b in baseline) / sum(r["seconds_runs"][i] for r in rows)
             for i in range(len(rows[0].get("seconds_runs") or []))]
-    return per_call, total(baseline, "seconds") / total(rows, "seconds"), runs
+    total = sum(r["seconds"] for r in baseline) / sum(r["seconds"] for r in rows)
+    return per_call, statistics.median(runs) if runs else total, runs
+
+
+def first_run(row: dict) -> float:
+    """A row's time in the first run (the run its label's counts and forecast come from)."""
+    return (row.get("seconds_runs") or [row["seconds"]])[0]
+
+
+def overall_forecast(rows: list[dict], baseline: list[dict]) -> float | None:
+    """The cost model's forecast over several tasks (None where a row has none): each task's
+    forecast speedup turned into a time, the baseline's first run over it, and the baseline's
+    total over those times, as ``overall`` adds up measured times."""
+    if not all(r.get("predicted") for r in rows):
+        return None
+    return sum(map(first_run, baseline)) / sum(first_run(b) / r["predicted"] for r, b in zip(rows, baseline))
+
+
+def forecast_line(method: str, rows: list[dict], baseline: list[dict]) -> str:
+    """A table line of one drafter's forecasts against its first run, "forecast / measured", per
+    task and over all of them."""
+    cells = [f"{r['predicted']:.2f}x / {first_run(b) / first_run(r):.2f}x" for r, b in zip(rows, baseline)]
+    measured = sum(map(first_run, baseline)) / sum(map(first_run, rows))
+    return f"| {method} | " + " | ".join(cells) + f" | {overall_forecast(rows, baseline):.2f}x / {measured:.2f}x |"
 
 
 # The leaderboard's method -> the start of our row that runs the same kind of drafter.
@@ -183,7 +212,8 @@ SPEC_BENCH_NEAREST = {"prompt lookup (PLD)": "prompt lookup", "draft model (SpS)
 def spec_bench_markdown(run: dict, leaderboard: dict | None = None) -> str:
     """The Spec-Bench run as the benchmarks page shows it: per temperature, one table of tokens
     per target pass (and the first draft's acceptance) and one of speedups over ``ll.generate``
-    with their spread over the runs, a column per task and one for all six; then the
+    with their spread over the runs, a column per task and one for all six; where the rows carry
+    the cost model's forecasts, one table of forecast against the first run's speedup; then the
     leaderboard's figures (``spec_bench.LEADERBOARD_A100_VICUNA_7B``) beside our T = 0 overall
     for the methods both have."""
     from ..spec_bench import LEADERBOARD_A100_VICUNA_7B, TASKS
@@ -195,7 +225,7 @@ def spec_bench_markdown(run: dict, leaderboard: dict | None = None) -> str:
     parts, ours = [f"Machine: {run['machine']}; {run.get('runs', 1)} runs."], {}
     for temperature in sorted({t for t, _ in cells}):
         baseline = [cells[(temperature, "ll.generate")][t] for t in tasks]
-        per_call, speed = [head], [head]
+        per_call, speed, forecast = [head], [head], [head]
         for (t, method), by_task in cells.items():
             if t != temperature or method == "ll.generate":
                 continue
@@ -206,9 +236,14 @@ def spec_bench_markdown(run: dict, leaderboard: dict | None = None) -> str:
                             + f" | {calls:.2f} |")
             speed.append(f"| {method} | " + " | ".join(reading(r)[0] for r in rows) + f" | {ratio:.2f}x"
                          + (f" [{min(runs):.2f}-{max(runs):.2f}]" if len(runs) > 1 else "") + " |")
+            if overall_forecast(rows, baseline):
+                forecast.append(forecast_line(method, rows, baseline))
         parts.append(f"### T = {temperature:g}: tokens per target pass (first draft kept)\n\n" + "\n".join(per_call))
         parts.append(f"### T = {temperature:g}: speed over ll.generate (median [lowest-highest run])\n\n"
                      + "\n".join(speed))
+        if len(forecast) > 1:
+            parts.append(f"### T = {temperature:g}: the cost model's forecast / the first run's speed\n\n"
+                         + "\n".join(forecast))
     board = ["| the leaderboard's method | its tokens per call | its speedup | our nearest row | "
              "our tokens per pass, T = 0 | our speedup, T = 0 |", "|:---|---:|---:|:---|---:|---:|"]
     for name, (calls, ratio) in leaderboard.items():
