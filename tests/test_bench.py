@@ -151,6 +151,26 @@ def test_pass_rows_run_on_a_small_setting(small):
     assert "tokens per target pass" in table.rows[1]["measurement"]
 
 
+def test_spec_bench_forecasts_price_passes_once_and_skip_the_baseline(monkeypatch):
+    from logitlab.bench import spec_bench
+
+    seen = []
+
+    def calibrate(model, runs, prompts, drafter_seconds=lambda result: result.draft_seconds):
+        class Result:
+            draft_seconds = 2.0
+        seen.append((sorted(runs), drafter_seconds(Result())))
+        return {label: (10, [2] * 5, drafter_seconds(Result())) for label in runs}
+
+    monkeypatch.setattr(spec_bench, "calibrate", calibrate)
+    monkeypatch.setattr(spec_bench, "predicted_speedups", lambda model, seen, context: dict(seen))
+    runs = {"ll.generate": None, "prompt lookup (gamma=5)": None, spec_bench.PASS: None}
+    got = spec_bench.forecasts(None, runs, held_out=[[1, 2]], context=[1] * 8)
+    # ll.generate is not forecast; PaSS's drafting passes are target passes, priced once (no drafter time).
+    assert seen == [(["prompt lookup (gamma=5)"], 2.0), ([spec_bench.PASS], 0.0)]
+    assert set(got) == {"prompt lookup (gamma=5)", spec_bench.PASS} and got[spec_bench.PASS][2] == 0.0
+
+
 @pytest.mark.slow
 def test_spec_bench_rows_give_every_drafter_per_task_and_temperature(small):
     from logitlab.bench.spec_bench import bench_spec_bench

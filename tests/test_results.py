@@ -150,6 +150,8 @@ def test_spec_bench_forecasts_are_read_and_set_against_the_first_run():
     # First run: translation 4 s against 2 s (2.00x), QA 3 s against 3 s (1.00x), 7 s against 5 s in
     # all; forecast times 4 / 1.6 + 3 / 1.2 = 5 s, so 1.40x forecast over both tasks.
     assert results.overall_forecast(mine, base) == pytest.approx(1.4)
+    per_task, whole = results.first_run_speeds(mine, base)
+    assert per_task == pytest.approx([2.0, 1.0]) and whole == pytest.approx(7 / 5)
     text = results.spec_bench_markdown({"machine": "m", "runs": 2, "rows": rows}, leaderboard={})
     assert "### T = 0: the cost model's forecast / the first run's speed" in text
     assert "| EAGLE chain (gamma=3) | 1.60x / 2.00x | 1.20x / 1.00x | 1.40x / 1.40x |" in text

@@ -195,11 +195,18 @@ def overall_forecast(rows: list[dict], baseline: list[dict]) -> float | None:
     return sum(map(first_run, baseline)) / sum(first_run(b) / r["predicted"] for r, b in zip(rows, baseline))
 
 
+def first_run_speeds(rows: list[dict], baseline: list[dict]) -> tuple[list[float], float]:
+    """A drafter's speed over the baseline in the first run (the run its forecasts were made in):
+    per task, and over all of them (total times)."""
+    per_task = [first_run(b) / first_run(r) for r, b in zip(rows, baseline)]
+    return per_task, sum(map(first_run, baseline)) / sum(map(first_run, rows))
+
+
 def forecast_line(method: str, rows: list[dict], baseline: list[dict]) -> str:
     """A table line of one drafter's forecasts against its first run, "forecast / measured", per
     task and over all of them."""
-    cells = [f"{r['predicted']:.2f}x / {first_run(b) / first_run(r):.2f}x" for r, b in zip(rows, baseline)]
-    measured = sum(map(first_run, baseline)) / sum(map(first_run, rows))
+    per_task, measured = first_run_speeds(rows, baseline)
+    cells = [f"{r['predicted']:.2f}x / {x:.2f}x" for r, x in zip(rows, per_task)]
     return f"| {method} | " + " | ".join(cells) + f" | {overall_forecast(rows, baseline):.2f}x / {measured:.2f}x |"
 
 
