@@ -178,12 +178,14 @@ def test_spec_bench_rows_give_every_drafter_per_task_and_temperature(small):
     model, tokenizer = small
     table = bench.Table()
     bench_spec_bench(table, model, tokenizer, per_task=1, new_tokens=8, temperatures=(0.0, 1.0), repeat=1,
-                     tasks=["translation"])  # at T = 0 each drafter is checked to give the greedy tokens
-    assert len(table.rows) == 2 * 10 and all(r["seconds"] > 0 for r in table.rows)
+                     tasks=["translation"], warm_prompts=2)  # at T = 0 each drafter is checked to give the greedy tokens
+    assert len(table.rows) == 2 * 12 and all(r["seconds"] > 0 for r in table.rows)
     labels = [r["measurement"] for r in table.rows]
     assert all("1 Spec-Bench translation prompts, 8 tokens each" in label for label in labels)
-    assert labels[0].startswith("ll.generate") and labels[10].startswith("ll.generate") and "T=1" in labels[10]
-    for label in labels[1:10] + labels[11:]:
+    assert labels[0].startswith("ll.generate") and labels[12].startswith("ll.generate") and "T=1" in labels[12]
+    assert labels[5].startswith("Token Recycling, table warmed on 2 other prompts (8-node tree, depth <= 6) (")
+    assert labels[6].startswith("Token Recycling, table warmed on 2 other prompts (24-node tree, depth <= 6) (")
+    for label in labels[1:12] + labels[13:]:
         per_call = float(re.search(r"\(([\d.]+) tokens per target pass", label).group(1))
         # PaSS's drafting passes count too: with nothing accepted it makes half a token per pass.
         assert (0.5 if label.startswith("PaSS") else 1) <= per_call <= 8, label
@@ -196,12 +198,15 @@ def test_spec_bench_rows_give_every_drafter_per_task_and_temperature(small):
         bench_spec_bench(table, model, tokenizer, per_task=1, tasks=["poetry"])
     with pytest.raises(ValueError, match="only must be a regular expression"):
         bench_spec_bench(table, model, tokenizer, per_task=1, tasks=["translation"], only="(")
+    with pytest.raises(ValueError, match="warm_prompts must be an int between 1 and 40, got 0"):
+        bench_spec_bench(table, model, tokenizer, per_task=1, tasks=["translation"], only="warmed", warm_prompts=0)
     table = bench.Table()  # only the drafters that need no training, beside ll.generate
     bench_spec_bench(table, model, tokenizer, per_task=1, new_tokens=8, temperatures=(0.0,), repeat=1,
-                     tasks=["translation"], only="lookup|suffix|Recycling")
+                     tasks=["translation"], only="lookup|suffix|Recycling", warm_prompts=2)
     assert [r["measurement"].split(" (")[0] for r in table.rows] == [
         "ll.generate, 1 Spec-Bench translation prompts, 8 tokens each, T=0", "prompt lookup", "suffix automaton",
-        "Token Recycling", "suffix match else Token Recycling"]
+        "Token Recycling", "suffix match else Token Recycling",
+        "Token Recycling, table warmed on 2 other prompts", "Token Recycling, table warmed on 2 other prompts"]
 
 
 @pytest.mark.slow

@@ -85,6 +85,28 @@ def test_greedy_output_is_the_targets_own_and_the_table_pays():
     assert out.fed[0] == 13 and all(d + 1 <= f <= 13 for d, f in zip(out.drafted, out.fed))
 
 
+def test_a_table_given_is_a_warm_start_copied_and_checked():
+    target = tiny_llama(2, 0, vocab=10)
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 4, 5, 4]]
+    common = dict(gamma=4, max_new_tokens=40, eos_token_id=[], temperature=0)
+    cold = TokenRecycler(10)
+    first = ll.speculative_generate(target, cold, prompts, **common)
+    warm_table = cold.table.clone()
+    warm = TokenRecycler(10, table=warm_table)
+    assert warm.propose(torch.tensor([3]), gamma=4, config=None).tokens.tolist() == \
+        cold.propose(torch.tensor([3]), gamma=4, config=None).tokens.tolist()  # the same guesses from the start
+    again = ll.speculative_generate(target, warm, prompts, **common)
+    assert [t.tolist() for t in again.new_tokens] == [t.tolist() for t in first.new_tokens]  # still exact
+    assert again.model_calls < first.model_calls  # it starts knowing what the first run learnt
+    assert torch.equal(warm_table, cold.table)  # copied: the table given is never changed
+    with pytest.raises(ValueError, match=r"table must be None or an integer tensor of shape \(10, 8\)"):
+        TokenRecycler(10, table=torch.zeros(10, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="table must be None or an integer tensor"):
+        TokenRecycler(10, table=torch.zeros(10, 8))
+    with pytest.raises(ValueError, match=r"table must hold token ids in \[0, 10\)"):
+        TokenRecycler(10, table=torch.full((10, 8), 10))
+
+
 def test_the_drafter_counts_how_often_each_rank_was_the_targets_top_token():
     drafter = TokenRecycler(6, nodes=4, k=2, rank_probs=(0.5, 0.2))  # nodes: rank 0, 0, 1, 0
     with pytest.raises(ValueError, match="no tree of this drafter has been verified yet"):

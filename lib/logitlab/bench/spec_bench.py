@@ -12,6 +12,7 @@ import torch
 
 from .. import spec_bench
 from ..decoding.generate import generate
+from ..devices import model_device
 from ..speculative.loop import speculative_generate
 from .costmodel import calibrate, predicted_speedups
 from .drafting import by_position, pass_calls, time_against_ar
@@ -28,6 +29,26 @@ def shipped_drafters(model) -> dict:
 
 
 PASS = "PaSS two-call, k=2"  # its drafting calls are target passes too (pass_calls)
+# A warm table's guesses are kept deeper into the tree: the cold row's 8 nodes, and 24, which
+# keeps more tokens per call for a dearer pass (chapter 10 weighs the two).
+WARM_NODES = (8, 24)
+WARMED = "Token Recycling, table warmed on {} other prompts ({}-node tree, depth <= 6)"
+
+
+def warmed_table(model, tokenizer, prompts: int, new_tokens: int) -> torch.Tensor:
+    """Token Recycling's table after the target answered the first ``prompts`` of the book's 40
+    training prompts (``logitlab.training.data``; none is a Spec-Bench prompt), greedily,
+    ``new_tokens`` tokens each, through a 24-node tree: guesses the target made on other text."""
+    from ..speculative.token_recycling import TokenRecycler
+    from ..training.data import prompt_ids
+
+    if not isinstance(prompts, int) or isinstance(prompts, bool) or not 1 <= prompts <= len(prompt_ids(tokenizer)):
+        raise ValueError(f"warm_prompts must be an int between 1 and {len(prompt_ids(tokenizer))}, got {prompts!r}")
+    recycler = TokenRecycler(model.config.vocab_size, nodes=24)
+    for ids in prompt_ids(tokenizer)[:prompts]:
+        speculative_generate(model, recycler, torch.tensor([ids], device=model_device(model)), gamma=6,
+                             max_new_tokens=new_tokens, temperature=0, eos_token_id=[])
+    return recycler.table
 
 
 def drafting_runs(model, drafters: dict, temperature: float, new_tokens: int) -> dict:
@@ -36,7 +57,8 @@ def drafting_runs(model, drafters: dict, temperature: float, new_tokens: int) ->
     chain, Medusa's tree, PaSS, EAGLE's chain and tree), all exact (rejection sampling, or greedy
     at T = 0). The drafters without a model start empty on every prompt: Token Recycling's table
     learns only from the passes of the run it drafts for, never from another prompt of the
-    benchmark."""
+    benchmark. Where ``drafters`` holds a ``"recycling table"`` (``warmed_table``, on ``n`` other
+    prompts), two more rows start every prompt from a copy of it (``WARMED``, trees of ``WARM_NODES``)."""
     from ..speculative.copy_or_recycle import CopyOrRecycle
     from ..speculative.draft_model import DraftModelDrafter
     from ..speculative.eagle import EagleDrafter
@@ -51,6 +73,9 @@ def drafting_runs(model, drafters: dict, temperature: float, new_tokens: int) ->
         return lambda ids, g: speculative_generate(model, make(), ids, gamma=gamma, generator=g, **common)
 
     tree = dict(top_k=3, nodes=10)
+    warm = {} if "recycling table" not in drafters else {
+        WARMED.format(drafters["warm prompts"], n): chain(lambda n=n: TokenRecycler(
+            model.config.vocab_size, nodes=n, table=drafters["recycling table"]), 6) for n in WARM_NODES}
     return {
         "ll.generate": lambda ids, g: generate(model, ids, generator=g, **common),
         "prompt lookup (gamma=5)": chain(lambda: PromptLookupDrafter(model.config.vocab_size), 5),
@@ -58,6 +83,7 @@ def drafting_runs(model, drafters: dict, temperature: float, new_tokens: int) ->
         "Token Recycling (8-node tree, depth <= 6)": chain(lambda: TokenRecycler(model.config.vocab_size, nodes=8), 6),
         "suffix match else Token Recycling (min_match=2, 8 nodes)": chain(
             lambda: CopyOrRecycle(model.config.vocab_size, min_match=2, nodes=8), 6),
+        **warm,
         "draft model (gamma=3)": chain(lambda: DraftModelDrafter(drafters["draft"]), 3),
         "Medusa heads, tree (3, 2, 1)": lambda ids, g: medusa_generate(
             model, drafters["medusa"], ids, branching=(3, 2, 1), generator=g, **common),
@@ -81,7 +107,8 @@ def forecasts(model, runs: dict, held_out, context) -> dict:
 
 @torch.inference_mode()
 def bench_spec_bench(table, model, tokenizer, per_task: int = 2, new_tokens: int = 128, temperatures=(0.0, 1.0),
-                     repeat: int = 3, tasks=None, drafters: dict | None = None, only: str | None = None) -> None:
+                     repeat: int = 3, tasks=None, drafters: dict | None = None, only: str | None = None,
+                     warm_prompts: int = 40) -> None:
     """For each of Spec-Bench's tasks (``tasks``, default all six), the first turn of the first
     ``per_task`` questions of the shipped sample, ``new_tokens`` tokens each, at each temperature:
     every drafter of ``drafting_runs`` timed in turn with ``ll.generate`` (checked to give the
@@ -92,7 +119,9 @@ def bench_spec_bench(table, model, tokenizer, per_task: int = 2, new_tokens: int
     middle of their answers. ``drafters``: the trained drafters to measure (default
     ``shipped_drafters``), e.g. newly trained ones against the shipped. ``only``: a regular
     expression; only the drafters whose label it finds run (``ll.generate`` always does), e.g.
-    ``"lookup|suffix|Recycling"`` for the drafters that need no training (chapter 10)."""
+    ``"lookup|suffix|Recycling"`` for the drafters that need no training (chapter 10).
+    ``warm_prompts``: how many of the book's training prompts warm the table of the rows that
+    start Token Recycling warm (``warmed_table``, made once, before any row is timed)."""
     chosen = {task: spec_bench.questions(task) for task in tasks or spec_bench.TASKS}  # bad names fail here
     if not all(1 <= per_task < len(found) for found in chosen.values()):  # one question is kept for the forecast
         raise ValueError(f"per_task must be between 1 and {spec_bench.SAMPLE_PER_TASK - 1}, got {per_task!r}")
@@ -102,6 +131,9 @@ def bench_spec_bench(table, model, tokenizer, per_task: int = 2, new_tokens: int
         except (TypeError, re.error) as err:
             raise ValueError(f"only must be a regular expression over the drafters' labels, got {only!r}") from err
     drafters = shipped_drafters(model) if drafters is None else drafters  # loaded once the input is known good
+    if only is None or re.search(only, WARMED):
+        drafters = {**drafters, "warm prompts": warm_prompts,
+                    "recycling table": warmed_table(model, tokenizer, warm_prompts, new_tokens)}
     for task, found in chosen.items():
         prompts = [chat(tokenizer, q.turns[0]) for q in found[:per_task]]
         held_out = [chat(tokenizer, found[per_task].turns[0])]

@@ -80,23 +80,38 @@ def best_size(costs: dict, rank_probs=RANK_PROBS, overhead: float = 0.0) -> int:
     return max(sizes, key=rate)
 
 
+def check_table(table, vocab_size: int, k: int) -> None:
+    """A table to start from: None, or token ids in ``[0, vocab_size)`` of shape ``[vocab_size, k]``."""
+    if table is None:
+        return
+    if not (isinstance(table, torch.Tensor) and table.shape == (vocab_size, k) and table.dtype != torch.bool
+            and not table.is_floating_point() and not table.is_complex()):
+        raise ValueError(f"table must be None or an integer tensor of shape ({vocab_size}, {k}) (vocab_size, k), "
+                         f"got {table!r:.80}")
+    if not bool(((table >= 0) & (table < vocab_size)).all()):
+        raise ValueError(f"table must hold token ids in [0, {vocab_size}), got values outside it")
+
+
 class TokenRecycler(Drafter):
     """A tree of drafts read from the table of the target's earlier top-``k`` guesses.
 
     ``nodes`` is the tree's size (``tree_template``'s), ``k`` the guesses kept per token (at least
     the largest rank the template uses). The table starts empty (every entry token 0, which the
     target rejects) and fills as the loop runs; it is kept between calls of
-    ``ll.speculative_generate``, so a drafter used again starts with what it learnt.
+    ``ll.speculative_generate``, so a drafter used again starts with what it learnt. ``table``: a
+    ``[vocab_size, k]`` table to start from instead (copied, never changed), e.g. another
+    drafter's ``table`` after the target answered other prompts: a warm start, still no training.
     """
 
     reads_logits = True
 
-    def __init__(self, vocab_size: int, nodes: int = 12, k: int = 8, rank_probs=RANK_PROBS):
+    def __init__(self, vocab_size: int, nodes: int = 12, k: int = 8, rank_probs=RANK_PROBS, table=None):
         self.vocab_size = check_int(vocab_size, "vocab_size", 1)
         self.k = check_int(k, "k", 1)
         self.parents, self.ranks = tree_template(nodes, tuple(rank_probs)[:self.k])
         self.depths = depths(self.parents)  # a child of the root: 1
-        self.table = None
+        check_table(table, self.vocab_size, self.k)
+        self.table = None if table is None else table.to(torch.long, copy=True)
         # Per rank: how often a node of that rank was the target's top token after its parent,
         # counted on the device (no read) from the passes over this drafter's trees.
         self.rank_hits = self.rank_counts = None
@@ -108,8 +123,10 @@ class TokenRecycler(Drafter):
 
     def _table_on(self, device) -> torch.Tensor:
         """The table, made empty (every guess token 0) the first time, on ``device``."""
-        if self.table is None or self.table.device != device:
+        if self.table is None:
             self.table = torch.zeros(self.vocab_size, self.k, dtype=torch.long, device=device)
+        elif self.table.device != device:  # a table given on another device keeps what it holds
+            self.table = self.table.to(device)
         return self.table
 
     def observe_logits(self, tokens: torch.Tensor, logits: torch.Tensor) -> None:
