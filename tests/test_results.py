@@ -74,7 +74,8 @@ def test_the_shipped_training_free_run_is_three_runs_of_those_drafters_on_every_
     assert run["runs"] == 3 and all(len(r["seconds_runs"]) == 3 for r in run["rows"])
     cells = results.spec_bench_cells(run)
     assert {m.split(" (")[0] for _, m in cells} == {"ll.generate", "prompt lookup", "suffix automaton",
-                                                     "Token Recycling", "suffix match else Token Recycling"}
+                                                     "Token Recycling", "suffix match else Token Recycling",
+                                                     "Token Recycling, table warmed on 40 other prompts"}
     assert {t for t, _ in cells} == {0.0, 1.0} and all(set(by) == set(TASKS) for by in cells.values())
     text = (ROOT / "book" / "benchmarks.md").read_text()
     block = text[text.index(results.FREE_BEGIN) + len(results.FREE_BEGIN):text.index(results.FREE_END)]

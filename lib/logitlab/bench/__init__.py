@@ -48,7 +48,8 @@ path of ``ll.load``):
   none of whose questions the drafters trained on): the first turn of two questions of each of its
   six tasks, 128 tokens each, at temperature 0 (same tokens as greedy decoding) and 1: prompt
   lookup, the suffix automaton and Token Recycling (no model; each starts empty on every prompt),
-  the draft model's chain, Medusa's tree, PaSS (two-call, k = 2), EAGLE's chain and tree,
+  the two combined, Token Recycling again from a table warmed on the book's 40 training prompts
+  (8- and 24-node trees; each prompt starts from a copy), the draft model's chain, Medusa's tree, PaSS (two-call, k = 2), EAGLE's chain and tree,
   each with its tokens per target pass and the acceptance of each draft position, against our
   autoregressive loop, task by task;
 * every speculative row gives the speedup the cost model predicts for it

@@ -32,7 +32,7 @@ PASS = "PaSS two-call, k=2"  # its drafting calls are target passes too (pass_ca
 # A warm table's guesses are kept deeper into the tree: the cold row's 8 nodes, and 24, which
 # keeps more tokens per call for a dearer pass (chapter 10 weighs the two).
 WARM_NODES = (8, 24)
-WARMED = "Token Recycling, table warmed on {} other prompts ({}-node tree, depth <= 6)"
+WARMED = "Token Recycling, table warmed on {} other prompt{} ({}-node tree, depth <= 6)"
 
 
 def warmed_table(model, tokenizer, prompts: int, new_tokens: int) -> torch.Tensor:
@@ -73,9 +73,10 @@ def drafting_runs(model, drafters: dict, temperature: float, new_tokens: int) ->
         return lambda ids, g: speculative_generate(model, make(), ids, gamma=gamma, generator=g, **common)
 
     tree = dict(top_k=3, nodes=10)
-    warm = {} if "recycling table" not in drafters else {
-        WARMED.format(drafters["warm prompts"], n): chain(lambda n=n: TokenRecycler(
-            model.config.vocab_size, nodes=n, table=drafters["recycling table"]), 6) for n in WARM_NODES}
+    prompts, table = drafters.get("warm prompts"), drafters.get("recycling table")
+    warm = {} if table is None else {
+        WARMED.format(prompts, "" if prompts == 1 else "s", n): chain(
+            lambda n=n: TokenRecycler(model.config.vocab_size, nodes=n, table=table), 6) for n in WARM_NODES}
     return {
         "ll.generate": lambda ids, g: generate(model, ids, generator=g, **common),
         "prompt lookup (gamma=5)": chain(lambda: PromptLookupDrafter(model.config.vocab_size), 5),

@@ -123,7 +123,8 @@ def write_into_page(page: str | Path, run: dict | None = None, spec_bench: dict 
 
 def training_free_run(path: str | Path | None = None) -> dict:
     """The shipped Spec-Bench run of the drafters that need no training (chapter 10): prompt
-    lookup, the suffix automaton and Token Recycling beside ``ll.generate``, three runs."""
+    lookup, the suffix automaton, Token Recycling (from an empty table, and from one warmed on
+    other prompts) and the combination, beside ``ll.generate``, three runs."""
     return bench_run(path or DATA / "bench_training_free_cpu.json")
 
 
