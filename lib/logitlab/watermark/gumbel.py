@@ -1,0 +1,101 @@
+"""The Gumbel-max watermark (Aaronson 2022): a sample whose randomness is the key's.
+
+Chapter 1's Gumbel-max trick draws a token from ``p`` as ``argmax_i log(u_i) / p_i`` for
+independent uniforms ``u_i`` (the same as ``argmax_i (log p_i + g_i)`` with Gumbel noise ``g_i =
+-log(-log u_i)``). Here the uniforms are not fresh: a keyed hash of the last ``context_width``
+tokens fixes them. For a key drawn at random they are independent uniforms, so the token is an
+exact sample of ``p``; but whoever holds the key can recompute them, and the chosen tokens
+are the ones whose ``u`` was large: for text written without the key, ``-log(1 - u)`` of each
+token is an exponential variable of mean 1; for marked text, larger.
+
+A context that comes back gives the same uniforms, so the same token: the output is a
+deterministic function of the context and the key. That is the price (repetitions repeat), and
+the detector counts each (context, token) pair once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .._validate import check_int, check_logits, check_number
+from ..sampling.hf_processor import Processor
+from .green_list import KEY, check_key
+
+
+def context_seed(context, key: int) -> int:
+    """An integer seed from the key and the context's token ids (a polynomial hash modulo the
+    Mersenne prime 2**61 - 1): the same on every machine and every run."""
+    seed = key % (2**61 - 1)
+    for token in context:
+        seed = (seed * 1_000_003 + int(token) + 1) % (2**61 - 1)
+    return seed
+
+
+def keyed_uniforms(context, vocab_size: int, key: int = KEY) -> torch.Tensor:
+    """``[vocab_size]`` uniforms in (0, 1), float32 on the CPU, fixed by the key and the context."""
+    generator = torch.Generator(device="cpu").manual_seed(context_seed(context, key))
+    return torch.rand(vocab_size, generator=generator).clamp_(min=1e-12, max=1 - 1e-7)
+
+
+def keyed_choice(logits: torch.Tensor, uniforms: torch.Tensor, temperature: float = 1.0) -> int:
+    """The token ``argmax_i log(u_i) / p_i`` for ``p = softmax(logits / temperature)``: the
+    Gumbel-max draw with the given uniforms (tokens of probability 0 never win)."""
+    p = torch.softmax(logits.float() / temperature, dim=-1)
+    score = torch.where(p > 0, uniforms.log() / p, float("-inf"))
+    return int(score.argmax())
+
+
+class GumbelWatermark(Processor):
+    """The watermark as a logits processor: each row's token is chosen by ``keyed_choice`` from
+    its last ``context_width`` tokens, and every other token's logit set to ``-inf``, so that any
+    sampler after it (``ll.generate`` at any temperature) returns that token. The temperature of
+    the distribution it samples is this processor's ``temperature``."""
+
+    def __init__(self, vocab_size: int, key: int = KEY, temperature: float = 1.0, context_width: int = 4):
+        self.vocab_size = check_int(vocab_size, "vocab_size", 2)
+        self.key = check_key(key)
+        self.temperature = check_number(temperature, "temperature", "a finite number > 0",
+                                        lambda v: 0 < v < math.inf)
+        self.context_width = check_int(context_width, "context_width", 1)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        check_logits(scores, "scores")
+        if scores.shape[-1] != self.vocab_size:
+            raise ValueError(f"scores must have vocab_size = {self.vocab_size} columns, got {scores.shape[-1]}")
+        out = torch.full_like(scores, float("-inf"))
+        for row, (ids, logits) in enumerate(zip(input_ids.tolist(), scores)):
+            u = keyed_uniforms(ids[-self.context_width:], self.vocab_size, self.key).to(scores.device)
+            out[row, keyed_choice(logits, u, self.temperature)] = 0.0
+        return out
+
+
+@dataclass
+class GumbelDetection:
+    """``scored`` (context, token) pairs, their ``score`` (the sum of ``-log(1 - u)``), and the
+    p-value: the chance that text written without the key scores at least as high (the sum of
+    ``scored`` exponential variables is Gamma(scored, 1))."""
+
+    scored: int
+    score: float
+    p_value: float
+
+
+def detect(tokens, vocab_size: int, key: int = KEY, context_width: int = 4, prompt=()) -> GumbelDetection:
+    """Score ``tokens`` (the generated ones; ``prompt``: the tokens before them, whose last
+    ``context_width`` seed the first uniforms) for the Gumbel watermark."""
+    from scipy.special import gammaincc
+
+    tokens = [int(t) for t in (tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens)]
+    text = [int(t) for t in prompt] + tokens
+    vocab_size, key = check_int(vocab_size, "vocab_size", 2), check_key(key)
+    context_width = check_int(context_width, "context_width", 1)
+    if not tokens or not all(0 <= t < vocab_size for t in text):
+        raise ValueError(f"tokens must be at least 1 token id in [0, {vocab_size}) (and prompt's too), "
+                         f"got {tokens[:8]!r}")
+    start = len(text) - len(tokens)
+    pairs = dict.fromkeys((tuple(text[max(0, i - context_width):i]), text[i]) for i in range(start, len(text)))
+    score = sum(-math.log1p(-float(keyed_uniforms(context, vocab_size, key)[token])) for context, token in pairs)
+    return GumbelDetection(len(pairs), score, float(gammaincc(len(pairs), score)))

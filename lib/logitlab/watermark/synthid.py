@@ -1,0 +1,91 @@
+"""Tournament sampling (SynthID-Text, Dathathri et al. 2024): a keyed tournament among samples.
+
+Each of ``layers`` rounds has its own keyed function ``g_l(context, token)``, 0 or 1, as if by a
+fair coin. Draw ``2 ** layers`` candidates from ``p``; in round ``l`` pair them up and keep, of
+each pair, the one with the larger ``g_l`` (a fair coin on a tie); the last one standing is the
+token. Winners tend to have ``g = 1`` in every round, which is what the detector looks for: in
+text written without the key, the mean of the ``g`` values is 1/2.
+
+The tournament need not be run: one round turns ``p`` into ``p(x) (1 + g(x) - E_p[g])`` (a
+candidate wins against a partner drawn from ``p``: always when its ``g`` is higher, half the time
+on a tie), and the rounds compose. The token is then one draw from the last of these
+distributions. Averaged over keys (each ``g`` a fair coin), every round leaves ``p`` unchanged:
+over keys, the output is the model's distribution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .._validate import check_int, check_logits
+from ..sampling.hf_processor import Processor
+from .green_list import KEY, check_key
+from .gumbel import keyed_uniforms
+
+
+def g_values(context, vocab_size: int, layers: int, key: int = KEY) -> torch.Tensor:
+    """``[layers, vocab_size]`` bits (float32, CPU): ``g_l(context, token)`` for every round and token,
+    each round from its own key (``key + l``)."""
+    return torch.stack([(keyed_uniforms(context, vocab_size, key + layer) < 0.5).float() for layer in range(layers)])
+
+
+def tournament_probs(probs: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """The winner's distribution: ``probs`` ``[..., V]`` through one round per row of ``g``
+    ``[layers, V]``: ``p(x) (1 + g(x) - E_p[g])`` each."""
+    for row in g.to(probs.device, probs.dtype):
+        probs = probs * (1 + row - (probs * row).sum(dim=-1, keepdim=True))
+    return probs
+
+
+class TournamentWatermark(Processor):
+    """The watermark as a logits processor: each row's distribution (``softmax(scores)``; put
+    the temperature and truncation in processors before it) becomes the tournament's winner's,
+    seeded by its last ``context_width`` tokens; returned as log-probabilities, to be sampled at
+    temperature 1."""
+
+    def __init__(self, vocab_size: int, key: int = KEY, layers: int = 30, context_width: int = 4):
+        self.vocab_size = check_int(vocab_size, "vocab_size", 2)
+        self.key = check_key(key)
+        self.layers = check_int(layers, "layers", 1)
+        self.context_width = check_int(context_width, "context_width", 1)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        check_logits(scores, "scores")
+        if scores.shape[-1] != self.vocab_size:
+            raise ValueError(f"scores must have vocab_size = {self.vocab_size} columns, got {scores.shape[-1]}")
+        probs = torch.softmax(scores.float(), dim=-1)
+        g = torch.stack([g_values(ids[-self.context_width:], self.vocab_size, self.layers, self.key)
+                         for ids in input_ids.tolist()])  # [batch, layers, V]
+        out = torch.stack([tournament_probs(p, rows) for p, rows in zip(probs, g)])
+        return out.log().to(scores.dtype)
+
+
+@dataclass
+class TournamentDetection:
+    """``scored`` (context, token) pairs, the ``mean`` of their g-values over every round, and
+    the one-sided p-value of that many ones among ``scored * layers`` fair coins."""
+
+    scored: int
+    mean: float
+    p_value: float
+
+
+def detect(tokens, vocab_size: int, key: int = KEY, layers: int = 30, context_width: int = 4,
+           prompt=()) -> TournamentDetection:
+    """The mean score of ``tokens`` (after ``prompt``), each (context, token) pair counted once."""
+    from scipy.stats import binom
+
+    tokens = [int(t) for t in (tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens)]
+    text = [int(t) for t in prompt] + tokens
+    vocab_size, key, layers = check_int(vocab_size, "vocab_size", 2), check_key(key), check_int(layers, "layers", 1)
+    context_width = check_int(context_width, "context_width", 1)
+    if not tokens or not all(0 <= t < vocab_size for t in text):
+        raise ValueError(f"tokens must be at least 1 token id in [0, {vocab_size}) (and prompt's too), "
+                         f"got {tokens[:8]!r}")
+    start = len(text) - len(tokens)
+    pairs = dict.fromkeys((tuple(text[max(0, i - context_width):i]), text[i]) for i in range(start, len(text)))
+    ones = sum(int(g_values(context, vocab_size, layers, key)[:, token].sum()) for context, token in pairs)
+    bits = len(pairs) * layers
+    return TournamentDetection(len(pairs), ones / bits, float(binom.sf(ones - 1, bits, 0.5)))
