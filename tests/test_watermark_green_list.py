@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+import transformers
 from scipy.stats import binom
 from transformers import LlamaConfig, WatermarkDetector, WatermarkingConfig, WatermarkLogitsProcessor
 
@@ -28,6 +29,10 @@ def test_the_processor_equals_hugging_faces_lefthash(gamma, delta, key):
     assert len(green_ids(5, vocab, gamma, key)) == int(vocab * gamma)
 
 
+# transformers 4's detector is no oracle: it keyed its n-gram counts by tensors, which hash by
+# identity, so repeated pairs were never merged (5 fixed it); `make test-lower` runs transformers 4.
+@pytest.mark.skipif(int(transformers.__version__.split(".")[0]) < 5, reason="transformers 4's WatermarkDetector "
+                    "counts repeated n-grams apart")
 @pytest.mark.parametrize("unique", [False, True])
 def test_the_z_score_equals_hugging_faces_detector(unique):
     vocab, gamma = 500, 0.25

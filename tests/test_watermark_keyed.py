@@ -2,6 +2,8 @@
 over random keys (a chi-square test, with a biased variant as the control the test must reject),
 and each detector's false-positive rate and power on a small model."""
 
+import math
+
 import pytest
 import torch
 from scipy.stats import binom, chisquare
@@ -102,3 +104,40 @@ def test_false_positive_rate_and_power_on_a_small_model(scheme):
     assert binom.sf(alarms - 1, len(p_plain), 0.05) > 1e-3, alarms
     p_marked = [found(markov_text(generator, 40, marked)) for _ in range(20)]
     assert sum(p < 0.05 for p in p_marked) >= 15, p_marked
+
+
+def test_each_distinct_context_and_token_is_scored_once():
+    # width 1, prompt [5]: 5 after (5,), 6 after (5,), 5 after (6,), then 6 after (5,) again
+    assert gumbel.scored_pairs([5, 6, 5, 6], 10, 1, prompt=[5]) == [((5,), 5), ((5,), 6), ((6,), 5)]
+    assert gumbel.scored_pairs([1, 2, 3], 10, 2) == [((), 1), ((1,), 2), ((1, 2), 3)]
+    found = gumbel.detect([5, 6, 5, 6], 10, context_width=1, prompt=[5])
+    assert found.scored == 3
+    u = [float(gumbel.keyed_uniforms(c, 10)[t]) for c, t in [((5,), 5), ((5,), 6), ((6,), 5)]]
+    assert found.score == pytest.approx(sum(-math.log(1 - x) for x in u))
+    assert synthid.detect([5, 6, 5, 6], 10, layers=4, context_width=1, prompt=[5]).scored == 3
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match=r"tokens must be at least 1 token id in \[0, 10\)"):
+        gumbel.detect([], 10)
+    with pytest.raises(ValueError, match=r"tokens must be at least 1 token id in \[0, 10\)"):
+        synthid.detect([3, 10], 10)
+    with pytest.raises(ValueError, match="context_width must be an integer >= 1"):
+        gumbel.detect([3], 10, context_width=0)
+    with pytest.raises(ValueError, match="temperature must be a finite number > 0"):
+        gumbel.GumbelWatermark(10, temperature=0)
+    with pytest.raises(ValueError, match="layers must be an integer >= 1"):
+        synthid.TournamentWatermark(10, layers=0)
+    with pytest.raises(ValueError, match="scores must have vocab_size = 10 columns"):
+        synthid.TournamentWatermark(10)(torch.tensor([[1]]), torch.zeros(1, 9))
+
+
+def test_the_processors_hand_the_sampler_their_choice():
+    scores, ids = torch.randn(2, 10), torch.tensor([[1, 2, 3], [4, 5, 6]])
+    out = gumbel.GumbelWatermark(10, context_width=2)(ids, scores)
+    for row in range(2):  # one finite entry: the keyed choice after the row's last two tokens
+        choice = gumbel.keyed_choice(scores[row], gumbel.keyed_uniforms(ids[row, -2:].tolist(), 10))
+        assert torch.isfinite(out[row]).nonzero().flatten().tolist() == [choice]
+    tournament = synthid.TournamentWatermark(10, layers=3, context_width=2)(ids, scores)
+    expected = synthid.tournament_probs(torch.softmax(scores[0], -1), synthid.g_values([2, 3], 10, 3))
+    assert torch.softmax(tournament[0], -1) == pytest.approx(expected, abs=1e-6)

@@ -83,19 +83,25 @@ class GumbelDetection:
     p_value: float
 
 
-def detect(tokens, vocab_size: int, key: int = KEY, context_width: int = 4, prompt=()) -> GumbelDetection:
-    """Score ``tokens`` (the generated ones; ``prompt``: the tokens before them, whose last
-    ``context_width`` seed the first uniforms) for the Gumbel watermark."""
-    from scipy.special import gammaincc
-
+def scored_pairs(tokens, vocab_size: int, context_width: int, prompt=()) -> list[tuple[tuple[int, ...], int]]:
+    """The (context, token) pairs a keyed detector scores: each token of ``tokens`` with the
+    ``context_width`` tokens before it (``prompt`` first), each distinct pair once, in order."""
     tokens = [int(t) for t in (tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens)]
-    text = [int(t) for t in prompt] + tokens
-    vocab_size, key = check_int(vocab_size, "vocab_size", 2), check_key(key)
+    text = [int(t) for t in (prompt.tolist() if isinstance(prompt, torch.Tensor) else prompt)] + tokens
     context_width = check_int(context_width, "context_width", 1)
     if not tokens or not all(0 <= t < vocab_size for t in text):
         raise ValueError(f"tokens must be at least 1 token id in [0, {vocab_size}) (and prompt's too), "
                          f"got {tokens[:8]!r}")
     start = len(text) - len(tokens)
-    pairs = dict.fromkeys((tuple(text[max(0, i - context_width):i]), text[i]) for i in range(start, len(text)))
+    return list(dict.fromkeys((tuple(text[max(0, i - context_width):i]), text[i]) for i in range(start, len(text))))
+
+
+def detect(tokens, vocab_size: int, key: int = KEY, context_width: int = 4, prompt=()) -> GumbelDetection:
+    """Score ``tokens`` (the generated ones; ``prompt``: the tokens before them, whose last
+    ``context_width`` seed the first uniforms) for the Gumbel watermark."""
+    from scipy.special import gammaincc
+
+    vocab_size, key = check_int(vocab_size, "vocab_size", 2), check_key(key)
+    pairs = scored_pairs(tokens, vocab_size, context_width, prompt)
     score = sum(-math.log1p(-float(keyed_uniforms(context, vocab_size, key)[token])) for context, token in pairs)
     return GumbelDetection(len(pairs), score, float(gammaincc(len(pairs), score)))

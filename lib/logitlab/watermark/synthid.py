@@ -22,7 +22,7 @@ import torch
 from .._validate import check_int, check_logits
 from ..sampling.hf_processor import Processor
 from .green_list import KEY, check_key
-from .gumbel import keyed_uniforms
+from .gumbel import keyed_uniforms, scored_pairs
 
 
 def g_values(context, vocab_size: int, layers: int, key: int = KEY) -> torch.Tensor:
@@ -77,15 +77,8 @@ def detect(tokens, vocab_size: int, key: int = KEY, layers: int = 30, context_wi
     """The mean score of ``tokens`` (after ``prompt``), each (context, token) pair counted once."""
     from scipy.stats import binom
 
-    tokens = [int(t) for t in (tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens)]
-    text = [int(t) for t in prompt] + tokens
     vocab_size, key, layers = check_int(vocab_size, "vocab_size", 2), check_key(key), check_int(layers, "layers", 1)
-    context_width = check_int(context_width, "context_width", 1)
-    if not tokens or not all(0 <= t < vocab_size for t in text):
-        raise ValueError(f"tokens must be at least 1 token id in [0, {vocab_size}) (and prompt's too), "
-                         f"got {tokens[:8]!r}")
-    start = len(text) - len(tokens)
-    pairs = dict.fromkeys((tuple(text[max(0, i - context_width):i]), text[i]) for i in range(start, len(text)))
+    pairs = scored_pairs(tokens, vocab_size, context_width, prompt)
     ones = sum(int(g_values(context, vocab_size, layers, key)[:, token].sum()) for context, token in pairs)
     bits = len(pairs) * layers
     return TournamentDetection(len(pairs), ones / bits, float(binom.sf(ones - 1, bits, 0.5)))
