@@ -42,10 +42,11 @@ def warmed_table(model, tokenizer, prompts: int, new_tokens: int) -> torch.Tenso
     from ..speculative.token_recycling import TokenRecycler
     from ..training.data import prompt_ids
 
-    if not isinstance(prompts, int) or isinstance(prompts, bool) or not 1 <= prompts <= len(prompt_ids(tokenizer)):
-        raise ValueError(f"warm_prompts must be an int between 1 and {len(prompt_ids(tokenizer))}, got {prompts!r}")
+    every = prompt_ids(tokenizer)  # tokenised once: the check and the loop both need them
+    if not isinstance(prompts, int) or isinstance(prompts, bool) or not 1 <= prompts <= len(every):
+        raise ValueError(f"warm_prompts must be an int between 1 and {len(every)}, got {prompts!r}")
     recycler = TokenRecycler(model.config.vocab_size, nodes=24)
-    for ids in prompt_ids(tokenizer)[:prompts]:
+    for ids in every[:prompts]:
         speculative_generate(model, recycler, torch.tensor([ids], device=model_device(model)), gamma=6,
                              max_new_tokens=new_tokens, temperature=0, eos_token_id=[])
     return recycler.table
