@@ -71,6 +71,11 @@ class AcceptanceRule:
     probabilities ``[B, g + 1, V]`` (None at temperature 0) and ``target_logits`` its raw logits.
     ``first_token`` chooses the target's token after an empty prefix (the first new token)."""
 
+    # A rule whose randomness depends on the text (a keyed watermark's acceptance test) sets this;
+    # the loop then sets ``text`` as it does a drafter's (``Drafter.reads_text``).
+    reads_text: bool = False
+    text = None
+
     def __call__(self, draft_tokens, q, p, target_logits, config, generator):
         raise NotImplementedError
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from .. import fast_cpu
-from .._validate import check_flag, check_smollm2
+from .._validate import check_flag, check_processors, check_smollm2
 from ..decoding.cache import roll_back
 from ..decoding.passes import forward, mask_positions, prefill
 from ..sampling.pipeline import draw
@@ -39,11 +39,14 @@ from .subset_head import SubsetHead
 class DraftModelDrafter(Drafter):
     """Proposals sampled from a small model, one forward pass per proposed token."""
 
-    def __init__(self, model):
+    def __init__(self, model, logits_processor=None):
         if not isinstance(model, torch.nn.Module) or not hasattr(getattr(model, "config", None), "vocab_size"):
             raise ValueError("model must be a causal language model with config.vocab_size")
         self.model = model
         self.vocab_size = int(model.config.vocab_size)
+        # Processors of the draft's logits (a watermark, chapter 12), called as in ll.generate.
+        self.processors = check_processors(logits_processor)
+        self.reads_text = bool(self.processors)
 
     @torch.inference_mode()
     def start(self, input_ids, attention_mask, target=None, cache=None) -> None:
@@ -64,7 +67,7 @@ class DraftModelDrafter(Drafter):
             feed, new_mask = next_tokens[:, None], torch.ones_like(next_tokens)[:, None]
         tokens, qs = [], []
         for i in range(gamma):
-            token, q = draw(self.constrained(self._forward(feed, new_mask)), config, generator)
+            token, q = self.sample(self.constrained(self._forward(feed, new_mask)), config, generator, tokens)
             self.drafted(token)
             tokens.append(token)
             qs.append(q)
@@ -72,6 +75,17 @@ class DraftModelDrafter(Drafter):
                 feed, new_mask = token[:, None], torch.ones_like(token)[:, None]
         self.proposed = torch.stack(tokens, dim=1)
         return self.proposed, torch.stack(qs, dim=1)
+
+    def sample(self, logits, config, generator, drafted: list[torch.Tensor]):
+        """One proposal per row and the distribution it came from, ``(tokens [B], q [B, V])``,
+        from the draft's logits after the text so far and the tokens ``drafted`` this call."""
+        for processor in self.processors:
+            logits = processor(self.context(drafted), logits)
+        return draw(logits, config, generator)
+
+    def context(self, drafted: list[torch.Tensor]) -> torch.Tensor:
+        """Each row's text so far (``text``, set by the loop) and the tokens drafted after it."""
+        return torch.cat([self.text, *(token[:, None] for token in drafted)], dim=1)
 
     def _forward(self, feed, new_mask):
         self.mask = torch.cat([self.mask, new_mask], dim=1)

@@ -77,6 +77,11 @@ class Drafter:
     # tree drafters (EAGLE's and Medusa's trees) ignore it: the loop masks the target after each
     # node in the state after that node's path (``DraftStates.tree``), and a forbidden node is rejected.
     constraint = None
+    # A drafter whose proposals depend on the text so far (a keyed watermark's draws, processors
+    # of its logits) sets this; the loop then sets ``text`` before each call: each row's tokens
+    # so far ``[B, L]``, prompt first, left-padded with -1, the pending token last.
+    reads_text: bool = False
+    text = None
 
     def constrained(self, logits: torch.Tensor) -> torch.Tensor:
         if self.constraint is None:

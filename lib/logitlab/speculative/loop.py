@@ -42,6 +42,7 @@ from .._validate import (
     check_int,
     check_logits,
     check_model,
+    check_processors,
     trusted,
     vocab_size,
 )
@@ -159,6 +160,7 @@ def speculative_generate(
     attention_mask: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     constraint=None,
+    logits_processor=None,
 ) -> SpeculativeResult:
     """Generate with speculative sampling: ``drafter`` proposes ``gamma`` tokens, ``target`` verifies.
 
@@ -171,6 +173,9 @@ def speculative_generate(
     position as ``ll.generate`` does, so the output follows the *masked* target exactly; drafters
     that sample token by token (a draft model, EAGLE's chain) draft under the same mask. A tree's
     nodes are each masked in the state after their own path (a forbidden node is rejected).
+    ``logits_processor`` (processors as in ``ll.generate``, e.g. a watermark of
+    ``logitlab.watermark``) changes the target at every position of a chain, each called with the
+    row's text up to that position: the output follows the *processed* target exactly.
     """
     config = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p)
     gamma = check_gamma(gamma)
@@ -184,8 +189,10 @@ def speculative_generate(
     ids, mask = prompt_batch(input_ids, attention_mask, tokenizer, target)
     constraints = constraint_rows(constraint, len(ids), n, max_new_tokens)
     ids, mask = ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0)
+    prompts = [row[m.bool()] for row, m in zip(ids, mask)]
     began, out = now(device), Outputs(len(ids), eos, max_new_tokens)
-    run = _Run(_Target(target, drafter), drafter, acceptance, config, generator, out, CallLog())
+    run = _Run(_Target(target, drafter), drafter, acceptance, config, generator, out, CallLog(),
+               check_processors(logits_processor), [row.tolist() for row in prompts])
     pending = _first_token(run, ids, mask, draft_states(out, constraints))
     active = list(range(len(ids)))
     run.log.prefill_seconds = now(device) - began
@@ -201,7 +208,6 @@ def speculative_generate(
         left = max(max_new_tokens - len(out.tokens[r]) for r in active)  # no more than any row needs
         with trusted():  # the target's logits are checked once per call, in `_call`'s read of the counts
             pending = _call(run, pending, min(gamma, left), active, draft_states(out, constraints, active))
-    prompts = [row[m.bool()] for row, m in zip(ids, mask)]
     return out.result(prompts, [r // n for r in range(len(ids))], tokenizer, device, run.log,
                       seconds=now(device) - began, drafter_steps=drafter.steps)
 
@@ -231,14 +237,29 @@ class _Run:
     generator: torch.Generator | None
     out: Outputs
     log: CallLog
+    processors: list
+    prompts: list[list[int]]
+
+    def text(self, active: list[int]) -> torch.Tensor | None:
+        """Each active row's text so far, prompt first (left-padded with -1, as ``ll.generate``
+        hands its processors), when a processor, the drafter or the rule reads it; else None."""
+        if not (self.processors or self.drafter.reads_text or self.acceptance.reads_text):
+            return None
+        rows = [self.prompts[r] + self.out.tokens[r] for r in active]
+        width = max(map(len, rows))
+        device = model_device(self.side.model)
+        text = torch.tensor([[-1] * (width - len(row)) + row for row in rows], dtype=torch.long, device=device)
+        self.drafter.text = self.acceptance.text = text
+        return text
 
 
 def _first_token(run, ids, mask, look) -> torch.Tensor:
     """The prefill: the first token is the target's choice after an empty prefix, exactly as in
     ``ll.generate``. It is recorded in ``out`` and returned as every row's pending token."""
     logits = run.side.prefill(ids, mask)
-    if look is not None:
-        logits = look.mask(logits)
+    text = run.text(list(range(len(ids))))
+    if look is not None or run.processors:
+        logits = _processed_positions(run, look, logits[:, None], None, text)[:, 0]
     pending = run.acceptance.first_token(logits, run.config, run.generator)
     p = target_probs(logits[:, None], run.config)
     run.out.add(list(range(len(ids))), pending[:, None], logits[:, None], p, [1] * len(ids))
@@ -252,6 +273,7 @@ def _call(run, pending, gamma, active, look) -> torch.Tensor:
                                                           run.generator, run.out)
     device, before = pending.device, [len(out.tokens[r]) for r in active]
     t0 = now(device)
+    text = run.text(active)
     drafter.constraint = None if look is None else look.copy()
     proposal = drafter.propose(pending, gamma, config, generator)
     t1 = now(device)
@@ -264,8 +286,8 @@ def _call(run, pending, gamma, active, look) -> torch.Tensor:
         logits = side.score(pending, drafts)  # [B, g + 1, V]
         g = drafts.shape[1]
         fed = g + 1
-        if look is not None:
-            logits = _masked_positions(look, logits, drafts)
+        if look is not None or run.processors:
+            logits = _processed_positions(run, look, logits, drafts, text)
         p = target_probs(logits, config)
         if g == 0:  # nothing proposed: the call gives the target's own token
             num = torch.zeros(len(pending), dtype=torch.long, device=device)
@@ -283,15 +305,22 @@ def _call(run, pending, gamma, active, look) -> torch.Tensor:
     return nxt
 
 
-def _masked_positions(look, logits, drafts) -> torch.Tensor:
-    """The target's logits ``[B, g + 1, V]``, position i masked in the state after the first i
-    drafts (a draft the constraint forbids leaves only EOS after it, and is itself rejected)."""
-    masked = []
+def _processed_positions(run, look, logits, drafts, text) -> torch.Tensor:
+    """The target's logits ``[B, g + 1, V]`` as ``ll.generate`` would see them after the text and
+    the first i drafts at position i: masked in the constraint's state there (a draft the
+    constraint forbids leaves only EOS after it, and is itself rejected), then each processor
+    called with that text."""
+    processed = []
     for i in range(logits.shape[1]):
-        if i > 0:
-            look.advance(drafts[:, i - 1])
-        masked.append(look.mask(logits[:, i]))
-    return torch.stack(masked, dim=1)
+        step = logits[:, i]
+        if look is not None:
+            if i > 0:
+                look.advance(drafts[:, i - 1])
+            step = look.mask(step)
+        for processor in run.processors:
+            step = processor(text if i == 0 else torch.cat([text, drafts[:, :i]], dim=1), step)
+        processed.append(step)
+    return torch.stack(processed, dim=1)
 
 
 def _tree_call(run, pending, tree, active, look):
@@ -301,6 +330,9 @@ def _tree_call(run, pending, tree, active, look):
     node's own path, as the chain masks each position: a node the constraint forbids has
     probability 0 under its parent's ``p``, so it is always rejected."""
     side, acceptance, config, generator, out = run.side, run.acceptance, run.config, run.generator, run.out
+    if run.processors:
+        raise ValueError("logits_processor: a tree of drafts cannot be verified under processors yet; "
+                         "use a drafter that proposes a chain")
     rows = tree.rows()
     tokens = torch.cat([pending[:, None], tree.tokens], dim=1)  # [B, n + 1]: the root first
     logits = side.score_tree(tokens, rows)  # [B, n + 1, V]: the target after each node

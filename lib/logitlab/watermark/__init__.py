@@ -3,12 +3,15 @@
 ``green_list``: Kirchenbauer et al.'s green list, a logit bias towards a keyed part of the
 vocabulary, and its z-test. ``gumbel``: the Gumbel-max draw with keyed uniforms, an exact sample
 of the model for a random key, and its score. ``synthid``: tournament sampling with keyed
-g-values, and its mean score.
+g-values, and its mean score. ``speculation``: speculative sampling whose every random choice is
+the key's (a keyed draft model and acceptance rule), watermarked at no cost in acceptance.
 """
 
-from . import green_list, gumbel, synthid
+from . import green_list, gumbel, speculation, synthid
 from .green_list import GreenList
 from .gumbel import GumbelWatermark
+from .speculation import KeyedDraftModel, KeyedRejectionSampling
 from .synthid import TournamentWatermark
 
-__all__ = ["GreenList", "GumbelWatermark", "TournamentWatermark", "green_list", "gumbel", "synthid"]
+__all__ = ["GreenList", "GumbelWatermark", "KeyedDraftModel", "KeyedRejectionSampling", "TournamentWatermark",
+           "green_list", "gumbel", "speculation", "synthid"]

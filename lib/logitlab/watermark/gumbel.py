@@ -34,6 +34,14 @@ def context_seed(context, key: int) -> int:
     return seed
 
 
+def last_tokens(ids, width: int) -> list[int]:
+    """The last ``width`` token ids of ``ids`` (a list or a 1-d tensor), padding (-1, as the
+    book's loops hand their processors) left out: a keyed draw's context, the same for a row
+    whatever the padding of the batch it is in."""
+    ids = ids.tolist() if isinstance(ids, torch.Tensor) else ids
+    return [int(t) for t in ids if t >= 0][-width:]
+
+
 def keyed_uniforms(context, vocab_size: int, key: int = KEY) -> torch.Tensor:
     """``[vocab_size]`` uniforms in (0, 1), float32 on the CPU, fixed by the key and the context."""
     generator = torch.Generator(device="cpu").manual_seed(context_seed(context, key))
@@ -42,9 +50,15 @@ def keyed_uniforms(context, vocab_size: int, key: int = KEY) -> torch.Tensor:
 
 def keyed_choice(logits: torch.Tensor, uniforms: torch.Tensor, temperature: float = 1.0) -> int:
     """The token ``argmax_i log(u_i) / p_i`` for ``p = softmax(logits / temperature)``: the
-    Gumbel-max draw with the given uniforms (tokens of probability 0 never win)."""
-    p = torch.softmax(logits.float() / temperature, dim=-1)
-    score = torch.where(p > 0, uniforms.log() / p, float("-inf"))
+    Gumbel-max draw with the given uniforms."""
+    return keyed_draw(torch.softmax(logits.float() / temperature, dim=-1), uniforms)
+
+
+def keyed_draw(p: torch.Tensor, uniforms: torch.Tensor) -> int:
+    """The token ``argmax_i log(u_i) / p_i`` of a distribution ``p`` ``[V]`` (unnormalised is
+    fine: scaling p scales every score alike); tokens of probability 0 never win."""
+    p = p.float()
+    score = torch.where(p > 0, uniforms.to(p.device).log() / p, float("-inf"))
     return int(score.argmax())
 
 
@@ -67,7 +81,7 @@ class GumbelWatermark(Processor):
             raise ValueError(f"scores must have vocab_size = {self.vocab_size} columns, got {scores.shape[-1]}")
         out = torch.full_like(scores, float("-inf"))
         for row, (ids, logits) in enumerate(zip(input_ids.tolist(), scores)):
-            u = keyed_uniforms(ids[-self.context_width:], self.vocab_size, self.key).to(scores.device)
+            u = keyed_uniforms(last_tokens(ids, self.context_width), self.vocab_size, self.key).to(scores.device)
             out[row, keyed_choice(logits, u, self.temperature)] = 0.0
         return out
 
@@ -96,12 +110,22 @@ def scored_pairs(tokens, vocab_size: int, context_width: int, prompt=()) -> list
     return list(dict.fromkeys((tuple(text[max(0, i - context_width):i]), text[i]) for i in range(start, len(text))))
 
 
-def detect(tokens, vocab_size: int, key: int = KEY, context_width: int = 4, prompt=()) -> GumbelDetection:
+def detect(tokens, vocab_size: int, key: int = KEY, context_width: int = 4, prompt=(), streams: int = 1
+           ) -> GumbelDetection:
     """Score ``tokens`` (the generated ones; ``prompt``: the tokens before them, whose last
-    ``context_width`` seed the first uniforms) for the Gumbel watermark."""
+    ``context_width`` seed the first uniforms) for the Gumbel watermark.
+
+    ``streams``: how many keyed streams may have chosen a token (keys ``key``, ``key + 1``, ...;
+    the keyed speculative sampling of ``watermark.speculation`` uses two). Each token then scores
+    its largest uniform ``m`` over the streams: for text written without the key, ``m ** streams``
+    is uniform, so ``-log(1 - m ** streams)`` is again exponential of mean 1."""
     from scipy.special import gammaincc
 
     vocab_size, key = check_int(vocab_size, "vocab_size", 2), check_key(key)
+    streams = check_int(streams, "streams", 1)
     pairs = scored_pairs(tokens, vocab_size, context_width, prompt)
-    score = sum(-math.log1p(-float(keyed_uniforms(context, vocab_size, key)[token])) for context, token in pairs)
+    score = 0.0
+    for context, token in pairs:
+        largest = max(float(keyed_uniforms(context, vocab_size, key + s)[token]) for s in range(streams))
+        score -= math.log1p(-largest ** streams)
     return GumbelDetection(len(pairs), score, float(gammaincc(len(pairs), score)))

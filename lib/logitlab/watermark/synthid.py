@@ -22,7 +22,7 @@ import torch
 from .._validate import check_int, check_logits
 from ..sampling.hf_processor import Processor
 from .green_list import KEY, check_key
-from .gumbel import keyed_uniforms, scored_pairs
+from .gumbel import keyed_uniforms, last_tokens, scored_pairs
 
 
 def g_values(context, vocab_size: int, layers: int, key: int = KEY) -> torch.Tensor:
@@ -35,7 +35,9 @@ def tournament_probs(probs: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """The winner's distribution: ``probs`` ``[..., V]`` through one round per row of ``g``
     ``[layers, V]``: ``p(x) (1 + g(x) - E_p[g])`` each."""
     for row in g.to(probs.device, probs.dtype):
-        probs = probs * (1 + row - (probs * row).sum(dim=-1, keepdim=True))
+        # 1 + g(x) - E_p[g] >= 0 exactly; rounding can take it a hair below 0 (E_p[g] a hair above 1
+        # when g(x) = 0), which would give a negative probability and a NaN log-probability.
+        probs = probs * (1 + row - (probs * row).sum(dim=-1, keepdim=True)).clamp_min(0)
     return probs
 
 
@@ -56,7 +58,7 @@ class TournamentWatermark(Processor):
         if scores.shape[-1] != self.vocab_size:
             raise ValueError(f"scores must have vocab_size = {self.vocab_size} columns, got {scores.shape[-1]}")
         probs = torch.softmax(scores.float(), dim=-1)
-        g = torch.stack([g_values(ids[-self.context_width:], self.vocab_size, self.layers, self.key)
+        g = torch.stack([g_values(last_tokens(ids, self.context_width), self.vocab_size, self.layers, self.key)
                          for ids in input_ids.tolist()])  # [batch, layers, V]
         out = torch.stack([tournament_probs(p, rows) for p, rows in zip(probs, g)])
         return out.log().to(scores.dtype)
