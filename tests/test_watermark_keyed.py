@@ -141,3 +141,21 @@ def test_the_processors_hand_the_sampler_their_choice():
     tournament = synthid.TournamentWatermark(10, layers=3, context_width=2)(ids, scores)
     expected = synthid.tournament_probs(torch.softmax(scores[0], -1), synthid.g_values([2, 3], 10, 3))
     assert torch.softmax(tournament[0], -1) == pytest.approx(expected, abs=1e-6)
+
+
+def test_the_tournament_equals_hugging_faces_synthid_rounds():
+    # Hugging Face's SynthID-Text processor hashes contexts its own way, but its tournament, given
+    # the g-values, is the same closed form: fed the same bits, the two agree to float rounding.
+    from transformers import SynthIDTextWatermarkLogitsProcessor
+
+    hf = SynthIDTextWatermarkLogitsProcessor(ngram_len=5, keys=list(range(1, 31)), sampling_table_size=2**16,
+                                             sampling_table_seed=0, context_history_size=1024, device="cpu")
+    generator = torch.Generator().manual_seed(0)
+    scores = 3 * torch.randn(4, 50, generator=generator)
+    g = (torch.rand(4, 30, 50, generator=generator) < 0.5).float()  # [batch, rounds, V]
+    theirs = hf.update_scores(scores, g.transpose(1, 2))
+    ours = torch.stack([synthid.tournament_probs(torch.softmax(s, dim=-1), rows) for s, rows in zip(scores, g)])
+    # Probabilities compared (Hugging Face writes log 0 as the float minimum; 30 rounds over 50
+    # tokens leave many at 0), relatively, down to 1e-30.
+    assert torch.allclose(ours, theirs.exp(), rtol=1e-4, atol=1e-30)
+    assert (ours == 0).any() and (ours > 0.5).any()
