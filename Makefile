@@ -68,7 +68,7 @@ PARALLEL := -n auto --maxprocesses=4 --maxschedchunk=1
 # One short chapter also through nbmake, the way a reader runs a chapter as a test (README): the
 # closing one, which makes no widget (nbmake has no short timeout for a widget cell's reply, which
 # once cost chapter 1 the whole default 300 s on a loaded machine).
-NBMAKE := --nbmake chapters/12_choosing_a_decoder.ipynb
+NBMAKE := --nbmake chapters/13_choosing_a_decoder.ipynb
 ONE_THREAD := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 # `make test` in two stages, each a pair of jobs, so that no core waits for a single-process job:

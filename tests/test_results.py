@@ -1,4 +1,4 @@
-"""The measurements the library ships (logitlab.measure.results): the bench run that chapter 12 and the
+"""The measurements the library ships (logitlab.measure.results): the bench run that chapter 13 and the
 benchmarks page read, and the GPU pass costs."""
 
 import re

@@ -8,8 +8,8 @@
 The folders follow the book's parts: ``sampling`` (chapters 1-3: one token from logits, the
 truncation rules, the penalties), ``decoding`` (the loop every method shares), ``search`` (beam
 search, best-of-N, token trees: chapters 4-5), ``speculative`` (drafting and verification:
-chapters 6-10), ``constrained`` (chapter 11) and ``measure`` (timing and the shipped results,
-chapter 12). ``course`` (the exercises' checks, the grader), ``figures`` (plots, widgets),
+chapters 6-10), ``constrained`` (chapter 11), ``watermark`` (chapter 12) and ``measure`` (timing
+and the shipped results, chapter 13). ``course`` (the exercises' checks, the grader), ``figures`` (plots, widgets),
 ``training`` and ``bench`` are the tooling around them, loaded only when used.
 """
 

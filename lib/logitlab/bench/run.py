@@ -100,7 +100,7 @@ SECTIONS = {"load": "Loading the model (chapter 1)",
             "constrained": "Constrained decoding (chapter 11)",
             "pass": "PaSS look-ahead embeddings (chapter 8)",
             "spec_bench": "Every drafter on Spec-Bench's six tasks (chapters 6 to 10)",
-            "decoders": "Every decoder that drafts nothing (chapter 12)"}
+            "decoders": "Every decoder that drafts nothing (chapter 13)"}
 
 
 def run_repeatedly(args, model, stock, tokenizer) -> tuple[Table, dict | None]:

@@ -27,7 +27,8 @@ from .ch08_pass import check_single_call_layout, check_training_layout
 from .ch09_eagle import check_after_rejection, check_keep_best
 from .ch10_drafterless import check_suffix_automaton, check_tree_size
 from .ch11_constrained import check_allowed_tokens, check_fewest_tokens, check_subset_construction, check_utf8_ranges
-from .ch12_choosing import check_best_gamma, check_truncation_distance
+from .ch12_watermarks import check_green_z_score, check_tournament_round
+from .ch13_choosing import check_best_gamma, check_truncation_distance
 from .common import CheckFailed
 
 __all__ = [
@@ -37,6 +38,8 @@ __all__ = [
     "check_utf8_ranges",
     "check_subset_construction",
     "check_best_gamma",
+    "check_green_z_score",
+    "check_tournament_round",
     "check_suffix_automaton",
     "check_tree_size",
     "check_truncation_distance",

@@ -1,4 +1,4 @@
-"""The checks of chapter 12 (choosing a decoder): the best number of drafts for a machine's
+"""The checks of chapter 13 (choosing a decoder): the best number of drafts for a machine's
 costs, and how far a truncation rule moves the distribution."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def _reference_gamma(alpha: float, c: float, v: dict) -> int:
 
 @asks_for(speedup, expected_tokens)
 def check_best_gamma(fn) -> None:
-    """Check ``fn(alpha, c, v) -> int`` (chapter 12): the number of drafts per call, among
+    """Check ``fn(alpha, c, v) -> int`` (chapter 13): the number of drafts per call, among
     1 .. max(v) - 1, that the cost model predicts to be fastest, where a call costs ``gamma * c``
     decode steps of drafting and ``v[gamma + 1]`` for the target's pass (``v`` maps a pass size
     to its cost in decode steps); the smallest such gamma on a tie."""
@@ -68,7 +68,7 @@ def check_best_gamma(fn) -> None:
 
 @asks_for(tv_distance)
 def check_truncation_distance(fn) -> None:
-    """Check ``fn(logits, kept_logits) -> tensor [...]`` (chapter 12): the total-variation distance,
+    """Check ``fn(logits, kept_logits) -> tensor [...]`` (chapter 13): the total-variation distance,
     per row, between the softmax of ``logits`` and the softmax of ``kept_logits``, the same logits
     with the removed tokens at -inf."""
 

@@ -102,7 +102,7 @@ def test_check_top_p_explains_the_first_wrong_case(fn, message):
         check_top_p(fn)
 
 
-# Chapter 12 ------------------------------------------------------------------------------------
+# Chapter 13 ------------------------------------------------------------------------------------
 
 
 def predicted(alpha, gamma, c, v):
@@ -120,7 +120,7 @@ def truncation_distance(logits, kept_logits):
     return 0.5 * (torch.softmax(logits, -1) - torch.softmax(kept_logits, -1)).abs().sum(-1)
 
 
-def test_right_chapter_11_answers_pass(capsys):
+def test_right_chapter_13_answers_pass(capsys):
     check_best_gamma(best_gamma)
     check_truncation_distance(truncation_distance)
     out = capsys.readouterr().out
