@@ -102,6 +102,7 @@ def answers(smollm):
     return model.config.vocab_size, plain.new_tokens, marked.new_tokens
 
 
+@pytest.mark.slow  # the real model's answers: statistics of our own code, not of a dependency's version
 def test_the_false_positive_rate_on_unwatermarked_text_is_at_most_its_level(answers):
     vocab, plain, _ = answers
     p_values = [detect(t, vocab).p_value for t in plain]
@@ -111,6 +112,7 @@ def test_the_false_positive_rate_on_unwatermarked_text_is_at_most_its_level(answ
     assert binom.sf(alarms - 1, len(p_values), 0.05) > 1e-3, (alarms, p_values)
 
 
+@pytest.mark.slow  # the real model's answers: statistics of our own code, not of a dependency's version
 def test_watermarked_text_is_detected(answers):
     vocab, _, marked = answers
     found = [detect(t, vocab) for t in marked]

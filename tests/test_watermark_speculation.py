@@ -128,6 +128,7 @@ def smollm():
     return ll.load("smollm2-135m", device="cpu")
 
 
+@pytest.mark.slow  # the real model's answers: statistics of our own code, not of a dependency's version
 def test_the_key_fixes_the_text_and_the_detector_finds_it(smollm):
     model, tokenizer = smollm
     draft = ll.speculative.draft_model.load_pretrained(model)

@@ -37,9 +37,10 @@ from .toy import toy_bigram, toy_model
 __version__ = "0.1.0"
 
 # What the chapters reach through the face but a program using the library does not need: the
-# exercises' checks, the figures (matplotlib) and the drafters' training. Each loads on first use
+# exercises' checks, the figures (matplotlib), the drafters' training and the watermarks. Each loads on first use
 # (``ll.checks.check_softmax``), so ``import logitlab`` stays light.
-LAZY = {"checks": ".course.checks", "viz": ".figures.viz", "widgets": ".figures.widgets", "training": ".training"}
+LAZY = {"checks": ".course.checks", "viz": ".figures.viz", "widgets": ".figures.widgets", "training": ".training",
+        "watermark": ".watermark"}
 
 
 def __getattr__(name):
