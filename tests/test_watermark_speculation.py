@@ -158,3 +158,16 @@ def test_bad_input_is_refused():
                              logits_processor=GreenList(4))
     with pytest.raises(ValueError, match="streams"):
         gumbel.detect([1, 2, 3], 4, streams=0)
+
+
+def test_raw_log_probabilities_are_the_models_own_under_a_processor():
+    # A keyed target is a point mass, so the sampled log-probabilities are 0; the raw ones must
+    # stay the model's own, as ll.generate records them.
+    target, draft = ll.toy_model(vocab_size=6, order=3, seed=0), ll.toy_model(vocab_size=6, order=2, seed=4)
+    common = dict(max_new_tokens=10, temperature=1.0, eos_token_id=[], logits_processor=[GumbelWatermark(6, key=3)])
+    reference = ll.generate(target, [[1, 2, 3]], generator=torch.Generator().manual_seed(0), **common)
+    out = speculative_generate(target, DraftModelDrafter(draft), [[1, 2, 3]], gamma=2,
+                               generator=torch.Generator().manual_seed(1), **common)
+    assert out.new_tokens[0].tolist() == reference.new_tokens[0].tolist()
+    assert torch.allclose(out.raw_logprobs[0], reference.raw_logprobs[0], atol=1e-5)
+    assert (out.raw_logprobs[0] < 0).all() and torch.allclose(out.logprobs[0], torch.zeros(10))

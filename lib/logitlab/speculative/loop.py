@@ -256,13 +256,13 @@ class _Run:
 def _first_token(run, ids, mask, look) -> torch.Tensor:
     """The prefill: the first token is the target's choice after an empty prefix, exactly as in
     ``ll.generate``. It is recorded in ``out`` and returned as every row's pending token."""
-    logits = run.side.prefill(ids, mask)
+    raw = logits = run.side.prefill(ids, mask)
     text = run.text(list(range(len(ids))))
     if look is not None or run.processors:
-        logits = _processed_positions(run, look, logits[:, None], None, text)[:, 0]
+        logits = _processed_positions(run, look, raw[:, None], None, text)[:, 0]
     pending = run.acceptance.first_token(logits, run.config, run.generator)
     p = target_probs(logits[:, None], run.config)
-    run.out.add(list(range(len(ids))), pending[:, None], logits[:, None], p, [1] * len(ids))
+    run.out.add(list(range(len(ids))), pending[:, None], raw[:, None], p, [1] * len(ids))
     return pending
 
 
@@ -283,11 +283,11 @@ def _call(run, pending, gamma, active, look) -> torch.Tensor:
         g, fed = proposal.depth, proposal.tokens.shape[1] + 1
     else:
         drafts, q = proposal
-        logits = side.score(pending, drafts)  # [B, g + 1, V]
+        raw = logits = side.score(pending, drafts)  # [B, g + 1, V]
         g = drafts.shape[1]
         fed = g + 1
         if look is not None or run.processors:
-            logits = _processed_positions(run, look, logits, drafts, text)
+            logits = _processed_positions(run, look, raw, drafts, text)
         p = target_probs(logits, config)
         if g == 0:  # nothing proposed: the call gives the target's own token
             num = torch.zeros(len(pending), dtype=torch.long, device=device)
@@ -297,7 +297,7 @@ def _call(run, pending, gamma, active, look) -> torch.Tensor:
         kept = read_kept(num, logits, q)
         # The kept drafts, then the next token at position num: what each row emits, num + 1 tokens.
         emitted = torch.cat([drafts, nxt[:, None]], dim=1).scatter(1, num[:, None], nxt[:, None])
-        out.add(active, emitted, logits, p, [k + 1 for k in kept])
+        out.add(active, emitted, raw, p, [k + 1 for k in kept])  # raw: log-probs under the model's own
         side.rollback(num, g)
     drafter.rollback(num)
     t2 = now(device)
@@ -335,11 +335,11 @@ def _tree_call(run, pending, tree, active, look):
                          "use a drafter that proposes a chain")
     rows = tree.rows()
     tokens = torch.cat([pending[:, None], tree.tokens], dim=1)  # [B, n + 1]: the root first
-    logits = side.score_tree(tokens, rows)  # [B, n + 1, V]: the target after each node
+    raw = logits = side.score_tree(tokens, rows)  # [B, n + 1, V]: the target after each node
     if bool(bad_logits(logits)):  # the tree's rules below trust them
         check_logits(logits, "the target's logits")
     if look is not None:
-        logits = look.tree(tokens, rows).mask(logits.flatten(0, 1)).view_as(logits)
+        logits = look.tree(tokens, rows).mask(raw.flatten(0, 1)).view_as(raw)
     p = target_probs(logits, config)
     q = None if tree.q is None else torch.cat([tree.q[:, :1], tree.q], dim=1)  # the root's row is not used
     paths, nxt = [], []
@@ -356,7 +356,7 @@ def _tree_call(run, pending, tree, active, look):
     emitted = torch.cat([tokens.gather(1, index)[:, 1:], nxt[:, None]], dim=1).scatter(1, counts[:, None] - 1,
                                                                                           nxt[:, None])
     on_path = index[..., None].expand(-1, -1, logits.shape[-1])
-    out.add(active, emitted, logits.gather(1, on_path), None if p is None else p.gather(1, on_path), counts.tolist())
+    out.add(active, emitted, raw.gather(1, on_path), None if p is None else p.gather(1, on_path), counts.tolist())
     side.keep_paths(tokens.shape[1], index, counts)
     return counts - 1, nxt
 
