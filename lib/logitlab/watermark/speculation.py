@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from .._validate import check_int
-from ..sampling.pipeline import process_logits, target_probs
+from ..sampling.pipeline import target_probs
 from ..speculative.acceptance import AcceptanceRule
 from ..speculative.draft_model import DraftModelDrafter
 from .green_list import KEY, check_key
@@ -84,7 +84,7 @@ class KeyedRejectionSampling(AcceptanceRule):
 
     def first_token(self, logits, config, generator=None):
         check_temperature(config)
-        p = torch.softmax(process_logits(logits, config), dim=-1)
+        p = target_probs(logits, config)
         return torch.tensor([keyed_draw(p[b], self.uniforms(b, (), DRAFT)) for b in range(len(p))],
                             device=logits.device)
 
