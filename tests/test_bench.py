@@ -40,7 +40,7 @@ def test_bench_prints_a_table_and_writes_json(capsys, tmp_path, monkeypatch):
                         lambda fns, repeat=1, warmup=0: timing.interleaved_median_times(fns, repeat=1, warmup=0))
     monkeypatch.setattr(basics, "median_time", lambda fn, repeat=1, warmup=0: timing.median_time(fn, 1, 0))
     out_file = tmp_path / "bench.json"
-    bench.main(["--skip-load", "--skip-verification", "--skip-generate", "--skip-speculative", "--skip-typical", "--skip-eagle", "--skip-pass", "--skip-spec-bench", "--skip-constrained", "--skip-decoders", "--json", str(out_file)])
+    bench.main(["--skip-load", "--skip-verification", "--skip-generate", "--skip-speculative", "--skip-typical", "--skip-eagle", "--skip-pass", "--skip-spec-bench", "--skip-constrained", "--skip-watermarks", "--skip-decoders", "--json", str(out_file)])
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ") and " ms |" in line]
     assert len(rows) == 16  # 8 sampling rows, then 8 of batch sampling, tree scoring and beam search
@@ -224,6 +224,41 @@ def test_decoder_rows_run_on_a_small_setting(small, monkeypatch):
     assert names[3].startswith("decoders: top-k 50 (removes ") and names[-1].startswith("decoders: 3 samples in one")
 
 
+@pytest.mark.slow
+def test_watermark_rows_run_on_a_small_setting(small, monkeypatch):
+    from logitlab.bench import watermarks
+
+    monkeypatch.setattr(watermarks, "DRAFT_PROMPTS", watermarks.DRAFT_PROMPTS[:1])
+    model, tokenizer = small
+    table = bench.Table()
+    bench.bench_watermarks(table, model, tokenizer, new_tokens=12, repeat=1)
+    names = [r["measurement"] for r in table.rows]
+    assert [n.split(" (")[0] for n in names] == [
+        "watermarks: ll.generate, 1 prompts, 12 tokens each, T=1", "watermarks: green list, delta 2",
+        "watermarks: Gumbel-max", "watermarks: tournament, 30 rounds", "watermarks: draft model, gamma=3",
+        "watermarks: keyed speculative sampling, gamma=3"]
+    assert re.search(r"\(KL 0\.\d{3} nats per step, found [01] of 1 at p < 0.001\)", names[1])
+    assert re.search(r"\(\d\.\d\d tokens per call, found [01] of 1 at p < 0.001\)", names[-1])
+    assert all(r["seconds"] > 0 for r in table.rows) and all(r["ratio"] > 0 for r in table.rows[1:])
+
+
+def test_green_price_is_the_mean_kl_over_the_answer():
+    import logitlab as ll
+    from logitlab.bench.watermarks import green_price
+    from logitlab.watermark import green_list
+
+    model = ll.toy_model(vocab_size=80)
+    sequence = torch.tensor([1, 5, 7, 9, 2, 3])
+    with torch.no_grad():
+        price = green_price(model, sequence, new_tokens=3)
+        logp = torch.log_softmax(model(sequence[None]).logits[0, 2:5].float(), -1)
+    expected = []
+    for row, previous in zip(logp, [7, 9, 2]):
+        marked = torch.log_softmax(row + 2.0 * green_list.green_mask(previous, 80), -1)
+        expected.append(float((marked.exp() * (marked - row)).sum()))
+    assert price == pytest.approx(sum(expected) / 3, rel=1e-5) and price > 0
+
+
 def test_removed_mass_is_the_probability_outside_the_kept_set():
     import logitlab as ll
     from logitlab.bench.decoders import removed_mass
@@ -317,15 +352,15 @@ def test_quick_runs_every_table_with_fewer_settings(monkeypatch, tmp_path):
     monkeypatch.setattr(run, "cached_prefix", lambda tokenizer: [1, 2, 3])
     for name in ["bench_verification", "bench_llama_cpp", "bench_sampling", "bench_generate", "bench_parallel",
                  "bench_speculative", "bench_draft_model", "bench_typical", "bench_eagle", "bench_pass",
-                 "bench_spec_bench", "bench_constrained", "bench_decoders"]:
+                 "bench_spec_bench", "bench_constrained", "bench_watermarks", "bench_decoders"]:
         monkeypatch.setattr(run, name, lambda *a, name=name, **k: calls.setdefault(name, k) and None)
     run.main(["--skip-load", "--quick", "--json", str(tmp_path / "quick.json")])
     assert set(calls) == {"bench_verification", "bench_llama_cpp", "bench_sampling", "bench_generate", "bench_parallel",
                           "bench_speculative", "bench_draft_model", "bench_typical", "bench_eagle", "bench_pass",
-                          "bench_spec_bench", "bench_constrained", "bench_decoders"}
+                          "bench_spec_bench", "bench_constrained", "bench_watermarks", "bench_decoders"}
     assert calls["bench_verification"] == {"rounds": 4}
     for name in ["bench_generate", "bench_speculative", "bench_draft_model", "bench_typical", "bench_eagle", "bench_pass",
-                 "bench_spec_bench", "bench_constrained", "bench_decoders"]:
+                 "bench_spec_bench", "bench_constrained", "bench_watermarks", "bench_decoders"]:
         assert calls[name]["repeat"] == 2, name
     assert calls["bench_spec_bench"]["per_task"] == 1
     assert calls["bench_typical"]["temperatures"] == (0.0, 1.0)
@@ -334,11 +369,11 @@ def test_quick_runs_every_table_with_fewer_settings(monkeypatch, tmp_path):
     run.main(["--skip-load", "--json", str(tmp_path / "full.json")])  # the full run: each part's defaults
     assert calls["bench_typical"] == {} and calls["bench_pass"] == {} and calls["bench_verification"] == {}
     assert calls["bench_eagle"] == {} and calls["bench_constrained"] == {} and calls["bench_decoders"] == {}
-    assert calls["bench_spec_bench"] == {}
+    assert calls["bench_spec_bench"] == {} and calls["bench_watermarks"] == {}
     calls.clear()
     run.main(["--skip-load", "--repeat", "1", "--json", str(tmp_path / "once.json")])  # the full run, one repeat
     for name in ["bench_generate", "bench_speculative", "bench_draft_model", "bench_typical", "bench_eagle",
-                 "bench_pass", "bench_spec_bench", "bench_constrained", "bench_decoders"]:
+                 "bench_pass", "bench_spec_bench", "bench_constrained", "bench_watermarks", "bench_decoders"]:
         assert calls[name]["repeat"] == 1 and "per_task" not in calls[name], name
     with pytest.raises(SystemExit):
         run.main(["--skip-load", "--repeat", "0"])
@@ -385,7 +420,7 @@ def test_runs_repeat_every_section_and_write_the_spread(monkeypatch, tmp_path, c
     monkeypatch.setattr(run, "bench_sampling", lambda table, *a, **k: table.add("ll.sample", 0.1, next(ratios),
                                                                                  "faster than Hugging Face"))
     skips = [f"--skip-{part}" for part in ("load", "verification", "generate", "parallel", "speculative", "typical",
-                                           "eagle", "pass", "spec-bench", "constrained", "decoders")]
+                                           "eagle", "pass", "spec-bench", "constrained", "watermarks", "decoders")]
     run.main(skips + ["--runs", "3", "--json", str(tmp_path / "runs.json")])
     saved = json.loads((tmp_path / "runs.json").read_text())
     assert saved["runs"] == 3 and len(saved["rows"]) == 1

@@ -41,7 +41,7 @@ def test_the_shipped_run_is_one_whole_run():
     # except those added since the shipped run was taken, named here until a new run is shipped.
     from logitlab.bench.run import SECTIONS
 
-    apart = {"spec_bench"}  # ships in a file of its own, run three times (test below)
+    apart = {"spec_bench", "watermarks"}  # each ships in a file of its own, run three times (tests below)
     assert sections == [title for key, title in SECTIONS.items() if key not in apart]
     assert all(r["seconds"] > 0 for r in run["rows"]) and "threads" in run["machine"]
 
@@ -80,6 +80,22 @@ def test_the_shipped_training_free_run_is_three_runs_of_those_drafters_on_every_
     text = (ROOT / "book" / "benchmarks.md").read_text()
     block = text[text.index(results.FREE_BEGIN) + len(results.FREE_BEGIN):text.index(results.FREE_END)]
     assert block.strip() == results.spec_bench_markdown(run).strip(), \
+        "book/benchmarks.md is stale: run ll.results.write_into_page('book/benchmarks.md')"
+
+
+def test_the_shipped_watermark_run_is_three_runs_of_every_mark():
+    from logitlab.bench.run import SECTIONS
+
+    run = results.watermark_run()
+    assert run["runs"] == 3 and {r["section"] for r in run["rows"]} == {SECTIONS["watermarks"]}
+    assert [r["measurement"].split(" (")[0] for r in run["rows"]] == [
+        "watermarks: ll.generate, 2 prompts, 128 tokens each, T=1", "watermarks: green list, delta 2",
+        "watermarks: Gumbel-max", "watermarks: tournament, 30 rounds", "watermarks: draft model, gamma=3",
+        "watermarks: keyed speculative sampling, gamma=3"]
+    assert all(len(r["seconds_runs"]) == 3 and (r["ratio"] is None or len(r["ratios"]) == 3) for r in run["rows"])
+    text = (ROOT / "book" / "benchmarks.md").read_text()
+    block = text[text.index(results.MARKS_BEGIN) + len(results.MARKS_BEGIN):text.index(results.MARKS_END)]
+    assert block.strip() == results.run_markdown(run).strip(), \
         "book/benchmarks.md is stale: run ll.results.write_into_page('book/benchmarks.md')"
 
 

@@ -12,6 +12,7 @@ from transformers import LlamaConfig, WatermarkDetector, WatermarkingConfig, Wat
 
 import logitlab as ll
 from logitlab.bench.prompts import chat
+from logitlab.watermark import green_list
 from logitlab.watermark.green_list import KEY, GreenList, detect, green_ids
 
 
@@ -119,3 +120,22 @@ def test_watermarked_text_is_detected(answers):
     # 48 tokens with delta = 2 on a 135M model: most texts are found at z > 4 (p < 3e-5).
     assert sum(d.z > 4 for d in found) >= 0.75 * len(found), [round(d.z, 1) for d in found]
     assert all(d.green / d.scored > 0.25 for d in found)
+
+
+def test_price_is_the_kl_from_the_marked_to_the_model_distribution():
+    # p = (1/2, 1/2), the first token green, delta = log 3: p_delta = (3/4, 1/4), and
+    # KL(p_delta || p) = 3/4 log(3/2) + 1/4 log(1/2).
+    logits = torch.tensor([[0.0, 0.0], [5.0, 5.0]])
+    green = torch.tensor([[True, False], [True, False]])
+    expected = 0.75 * math.log(1.5) + 0.25 * math.log(0.5)
+    assert green_list.price(logits, green, math.log(3)).tolist() == pytest.approx([expected, expected], abs=1e-6)
+    assert green_list.price(logits, green, 0.0).tolist() == [0.0, 0.0]
+    # A removed token stays removed: the price is that of the other two, and not NaN.
+    three = torch.tensor([[0.0, 0.0, float("-inf")]])
+    assert float(green_list.price(three, torch.tensor([[True, False, True]]), math.log(3))) == pytest.approx(expected, abs=1e-6)
+    everything_green = torch.ones(1, 3, dtype=torch.bool)
+    assert float(green_list.price(torch.randn(1, 3), everything_green, 4.0)) == pytest.approx(0.0, abs=1e-6)
+    with pytest.raises(ValueError, match="green must be a boolean tensor"):
+        green_list.price(logits, green.float(), 1.0)
+    with pytest.raises(ValueError, match="delta"):
+        green_list.price(logits, green, -1.0)

@@ -59,6 +59,12 @@ path of ``ll.load``):
   and sampled, as a tokens-per-second ratio (the two loops run alternately, so both see the
   same machine load); decoding with against without the KV cache
   (chapter 3);
+* watermarks (chapter 12): the green list (delta 2), the Gumbel-max watermark and tournament
+  sampling (30 rounds) as processors of ``ll.generate`` at temperature 1, and the shipped draft
+  model's speculative sampling unmarked and keyed (every random choice the key's), against
+  ``ll.generate`` on the drafters' held-out prompts, 128 tokens per answer; each marked row with
+  how many answers its detector found, the green list's with its exact price per step
+  (KL(p_delta || p)), the speculative rows with their tokens per target call;
 * every decoder that drafts nothing, against ``ll.generate`` at the same temperature on the
   drafters' held-out prompts, 128 tokens per answer (the closing chapter): beam search (4 beams)
   at temperature 0; sampling with each truncation rule, best-of-4 and 4 samples in one batch at
@@ -73,9 +79,10 @@ from .prompts import DRAFT_PROMPTS, GROUNDED, OPEN_ENDED, cached_prefix, chat
 from .run import main
 from .spec_bench import bench_spec_bench
 from .verification import bench_verification
+from .watermarks import bench_watermarks
 
 # The chapters take the bench's prompts and its removed-mass measure from here, as they are named.
 __all__ = ["DRAFT_PROMPTS", "GROUNDED", "OPEN_ENDED", "Table", "bench_decoders", "bench_draft_model", "bench_eagle",
            "bench_generate", "bench_load", "bench_parallel", "bench_pass", "bench_sampling", "bench_spec_bench",
-           "bench_speculative", "bench_typical", "bench_verification", "cached_prefix", "chat", "cpu_name", "main",
+           "bench_speculative", "bench_typical", "bench_verification", "bench_watermarks", "cached_prefix", "chat", "cpu_name", "main",
            "pass_calls", "removed_mass"]

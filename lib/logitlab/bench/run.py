@@ -19,6 +19,7 @@ from .llamacpp import bench_llama_cpp
 from .prompts import cached_prefix
 from .spec_bench import bench_spec_bench
 from .verification import bench_verification
+from .watermarks import bench_watermarks
 
 
 def main(argv=None) -> Table:
@@ -49,6 +50,8 @@ def main(argv=None) -> Table:
                              "e.g. 'lookup|suffix|Recycling' for those that need no training")
     parser.add_argument("--skip-constrained", action="store_true",
                         help="skip the constrained-decoding rows (about 1 min)")
+    parser.add_argument("--skip-watermarks", action="store_true",
+                        help="skip the watermark rows: three marks and keyed speculative sampling (about 3 min)")
     parser.add_argument("--skip-decoders", action="store_true",
                         help="skip the closing chapter's rows: beam, truncations, best-of-n, a batch (about 8 min)")
     parser.add_argument("--quick", action="store_true",
@@ -100,6 +103,7 @@ SECTIONS = {"load": "Loading the model (chapter 1)",
             "constrained": "Constrained decoding (chapter 11)",
             "pass": "PaSS look-ahead embeddings (chapter 8)",
             "spec_bench": "Every drafter on Spec-Bench's six tasks (chapters 6 to 10)",
+            "watermarks": "Watermarks (chapter 12)",
             "decoders": "Every decoder that drafts nothing (chapter 13)"}
 
 
@@ -146,6 +150,7 @@ def run_sections(args, table: Table, model, stock, tokenizer):
                                                      **(dict(repeat, per_task=1) if args.quick else repeat),
                                                      **({"only": args.spec_bench_drafters}
                                                         if args.spec_bench_drafters else {}))),
+             ("watermarks", lambda: bench_watermarks(table, model, tokenizer, **repeat)),
              ("decoders", lambda: bench_decoders(table, model, tokenizer, **repeat))]
     for name, run in parts:
         if not getattr(args, f"skip_{name}"):

@@ -1,6 +1,6 @@
 """The measurements the book ships, for the closing chapter ("Choosing a decoder") and chapter 10.
 
-Five files in ``logitlab/data``:
+Six files in ``logitlab/data``:
 
 * ``bench_cpu.json``: one whole run of ``python -m logitlab.bench`` on the book's 2-core CPU,
   every row (measurement, median seconds, ratio, what the ratio is against) and the machine;
@@ -9,6 +9,8 @@ Five files in ``logitlab/data``:
   (``--runs 3``): each row's median and every run's ratio, the spread a ranking must exceed;
 * ``bench_training_free_cpu.json``: the same section with only the drafters that need no
   training (``--spec-bench-drafters 'lookup|suffix|Recycling'``, chapter 10), three runs;
+* ``bench_watermarks_cpu.json``: the bench's watermark section alone (chapter 12: three marks
+  and keyed speculative sampling against ``ll.generate``), run three times on the same CPU;
 * ``gpu_pass_costs_h100.json``: the cost of a forward pass of SmolLM2-135M over n new tokens on
   an NVIDIA H100, in float32 and bfloat16, and the one-layer draft model's step over the
   target's (c), measured once with the book's own timing code;
@@ -98,10 +100,11 @@ def run_markdown(run: dict) -> str:
 PAGE_BEGIN, PAGE_END = "% BEGIN the shipped bench run", "% END the shipped bench run"
 SPEC_BENCH_BEGIN, SPEC_BENCH_END = "% BEGIN the shipped Spec-Bench run", "% END the shipped Spec-Bench run"
 FREE_BEGIN, FREE_END = "% BEGIN the shipped training-free run", "% END the shipped training-free run"
+MARKS_BEGIN, MARKS_END = "% BEGIN the shipped watermark run", "% END the shipped watermark run"
 
 
 def write_into_page(page: str | Path, run: dict | None = None, spec_bench: dict | None = None,
-                    training_free: dict | None = None) -> None:
+                    training_free: dict | None = None, watermarks: dict | None = None) -> None:
     """Replace the tables between ``PAGE_BEGIN`` and ``PAGE_END`` in ``page`` (the benchmarks
     page) with ``run_markdown(run)`` (default: the shipped run), and those between
     ``SPEC_BENCH_BEGIN`` and ``SPEC_BENCH_END`` (``FREE_BEGIN`` and ``FREE_END``) with
@@ -113,7 +116,8 @@ def write_into_page(page: str | Path, run: dict | None = None, spec_bench: dict 
                                  (SPEC_BENCH_BEGIN, SPEC_BENCH_END,
                                   lambda: spec_bench_markdown(spec_bench or spec_bench_run())),
                                  (FREE_BEGIN, FREE_END,
-                                  lambda: spec_bench_markdown(training_free or training_free_run()))]:
+                                  lambda: spec_bench_markdown(training_free or training_free_run())),
+                                 (MARKS_BEGIN, MARKS_END, lambda: run_markdown(watermarks or watermark_run()))]:
         if begin not in text:
             continue
         start, stop = text.index(begin) + len(begin), text.index(end)
@@ -126,6 +130,13 @@ def training_free_run(path: str | Path | None = None) -> dict:
     lookup, the suffix automaton, Token Recycling (from an empty table, and from one warmed on
     other prompts) and the combination, beside ``ll.generate``, three runs."""
     return bench_run(path or DATA / "bench_training_free_cpu.json")
+
+
+def watermark_run(path: str | Path | None = None) -> dict:
+    """The shipped run of the bench's watermark section (chapter 12), three runs: plain sampling,
+    the green list, the Gumbel-max watermark, tournament sampling and the draft model's
+    speculative sampling unmarked and keyed, in :func:`bench_run`'s layout."""
+    return bench_run(path or DATA / "bench_watermarks_cpu.json")
 
 
 def spec_bench_run(path: str | Path | None = None) -> dict:

@@ -66,6 +66,21 @@ class GreenList(Processor):
         return scores + self.delta * masks.to(scores.device, scores.dtype)
 
 
+def price(logits: torch.Tensor, green: torch.Tensor, delta: float) -> torch.Tensor:
+    """What the nudge costs each step, exactly: ``KL(p_delta || p)`` in nats, one value per row of
+    ``logits`` ``[..., V]`` (the model's, at the temperature it samples at), where ``p`` is their
+    softmax and ``p_delta`` the softmax after adding ``delta`` to the step's green tokens
+    (``green``, a boolean mask of the same shape). Tokens already at ``-inf`` stay out of both."""
+    check_logits(logits, "logits")
+    if not isinstance(green, torch.Tensor) or green.dtype != torch.bool or green.shape != logits.shape:
+        raise ValueError(f"green must be a boolean tensor of the logits' shape {tuple(logits.shape)}")
+    delta = check_number(delta, "delta", "a finite number >= 0 (the logit bias)", lambda v: 0 <= v < math.inf)
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    marked = torch.log_softmax(logp + delta * green, dim=-1)
+    # Where p is 0 so is p_delta, and the term is 0 (not 0 * (-inf - -inf) = NaN).
+    return torch.where(marked.isfinite(), marked.exp() * (marked - logp), 0.0).sum(dim=-1)
+
+
 @dataclass
 class Detection:
     """What the detector found in one text: ``scored`` tokens looked at, ``green`` of them green,
