@@ -71,14 +71,16 @@ PARALLEL := -n auto --maxprocesses=4 --maxschedchunk=1
 NBMAKE := --nbmake chapters/13_choosing_a_decoder.ipynb
 ONE_THREAD := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
-# `make test` in two stages, each a pair of jobs, so that no core waits for a single-process job:
-# first the library's tests and every chapter (test-chapters) while .venv-lower installs beside
-# them; then the book built from the executed chapters and opened in a browser (test-site, one
-# process most of its time) beside `make test-lower`. The second stage prints each job's output
-# whole when the job ends. test-site checks that each executed chapter is newer than the start
-# of test-chapters, which that job writes to $(SCRATCH)/started.
-test: setup
-	$(MAKE) --no-print-directory -j2 test-chapters $(LOWER_INSTALLED)
+# `make test` in three stages, so that no core waits for a single-process job: the set-up of
+# .venv (pip, one process) while .venv-lower installs beside it; then the library's tests and
+# every chapter (test-chapters, one worker per core); then the book built from the executed
+# chapters and opened in a browser (test-site, one process most of its time) beside `make
+# test-lower`. The last stage prints each job's output whole when the job ends. test-site checks
+# that each executed chapter is newer than the start of test-chapters, which that job writes to
+# $(SCRATCH)/started.
+test:
+	$(MAKE) --no-print-directory -j2 setup $(LOWER_INSTALLED)
+	$(MAKE) --no-print-directory test-chapters
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-site test-lower
 
 test-chapters: setup

@@ -6,7 +6,7 @@ could be an off-by-one (labels, positions or masks wrong for position >= 2) or s
 model cannot foresee. Counting ("417, 418, 419, ...") separates the two: SmolLM2 continues it
 greedily without a mistake, and every later token follows from the context, so a drafter whose
 labels are aligned learns every position after a few steps. Trained on 32-64 counting sequences
-and run on 8 held-out ones (other start numbers), greedy, each position must be accepted at least
+of 24 numbers and run on 8 held-out ones of 40 (other start numbers), greedy, each position must be accepted at least
 90% of the times a call reaches it. The shipped weights (trained on chat answers) are the
 "before" of this test; the benchmark page reports both.
 """
@@ -57,7 +57,9 @@ def acceptance_by_position(model, tokenizer, drafter, gamma: int) -> tuple[list[
 def test_every_medusa_head_is_accepted_on_counting(smollm):
     model, tokenizer = smollm
     torch.manual_seed(0)
-    rows, states = rows_and_states(model, counting(tokenizer, 64, seed=1))  # one pass for both
+    # 24 numbers per sequence, as for the look-ahead slots: with 40 the pass over them took 60% longer
+    # (37 s against 23 s, one thread) and the heads were accepted about as often (0.94-1.00 against 0.93-0.95).
+    rows, states = rows_and_states(model, counting(tokenizer, 64, seed=1, numbers=24))  # one pass for both
     vocab = choose_vocabulary(rows, model.config.vocab_size, 2048)
     heads = MedusaHeads(model.lm_head.weight, 3, vocab)
     tensors = train_medusa.training_tensors(rows, states, vocab, model.config.vocab_size, 3)
