@@ -65,10 +65,6 @@ book: setup
 # at a time (--maxschedchunk=1; by default the first worker would get them all in its first
 # chunk), so the long tests start at once on every worker and the short ones fill in at the end.
 PARALLEL := -n auto --maxprocesses=4 --maxschedchunk=1
-# One short chapter also through nbmake, the way a reader runs a chapter as a test (README): the
-# closing one, which makes no widget (nbmake has no short timeout for a widget cell's reply, which
-# once cost chapter 1 the whole default 300 s on a loaded machine).
-NBMAKE := --nbmake chapters/13_choosing_a_decoder.ipynb
 ONE_THREAD := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 # `make test` in three stages, so that no core waits for a single-process job: the set-up of
@@ -86,7 +82,7 @@ test:
 test-chapters: setup
 	rm -rf $(SCRATCH) && mkdir -p $(SCRATCH)/chapters && date +%s.%N > $(SCRATCH)/started
 	$(ONE_THREAD) LOGITLAB_EXECUTED_DIR=$(CURDIR)/$(SCRATCH)/chapters $(PY) -m pytest tests --ignore=tests/test_book.py \
-		--ignore=tests/test_site_in_browser.py $(NBMAKE) $(PARALLEL) --durations=30
+		--ignore=tests/test_site_in_browser.py $(PARALLEL) --durations=30
 
 test-site: setup
 	LOGITLAB_EXECUTED_SINCE=$$(cat $(SCRATCH)/started 2>/dev/null) $(PY) -m pytest -rs tests/test_book.py tests/test_site_in_browser.py

@@ -33,7 +33,7 @@ def pytest_collection_modifyitems(session, config, items):
         rank = next((i for i, name in enumerate(LONGEST) if name in item.nodeid), None)
         if rank is not None:
             return (0, rank)
-        slow = item.get_closest_marker("slow") or path.endswith(".ipynb")  # .ipynb: a chapter run by nbmake
+        slow = item.get_closest_marker("slow") or path.endswith(".ipynb")  # .ipynb: a notebook run by nbmake
         return (1 if slow else 2, 0)
 
     items.sort(key=order)

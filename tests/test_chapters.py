@@ -144,3 +144,29 @@ def test_the_cells_that_make_widgets_get_the_short_timeout():
     assert len(widget_cells) >= 10  # one per chapter but the last
     assert all(timeout_for(cell) == WIDGET_CELL_TIMEOUT for cell in widget_cells)
     assert timeout_for(nbformat.v4.new_code_cell("x = 1")) == CELL_TIMEOUT
+
+
+def test_a_notebook_runs_as_a_test_under_nbmake(tmp_path):
+    """The README's other way to run a chapter, `pytest --nbmake chapters/NN_....ipynb`: nbmake
+    drives nbclient, the client that runs every chapter above, so this checks the route itself on
+    a notebook of the chapters' kind (the library, the real model, an exercise's check), and that
+    a cell that raises fails it. (Running a whole chapter through it again took 40 s of make test.)"""
+    import subprocess
+    import sys
+
+    def run(name, *cells):
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nbformat.write(nb, tmp_path / f"{name}.ipynb")
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbmake",
+                               f"{name}.ipynb"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+    setup = "import logitlab as ll\nimport torch\n\nmodel, tokenizer = ll.load('smollm2-135m', device=ll.device())"
+    answer = ("def expected_tokens(alpha, gamma):\n    return sum(alpha ** i for i in range(gamma + 1))\n\n"
+              "ll.checks.check_expected_tokens(expected_tokens)")
+    tokens = "print(ll.generate(model, [tokenizer('The sea is').input_ids], max_new_tokens=3, temperature=0).new_tokens)"
+    good = run("good", setup, tokens, answer)
+    assert good.returncode == 0 and "1 passed" in good.stdout, good.stdout + good.stderr
+    wrong = answer.replace("range(gamma + 1)", "range(gamma)")
+    bad = run("bad", setup, wrong)
+    assert bad.returncode == 1 and "1 failed" in bad.stdout and "check_expected_tokens" in bad.stdout, bad.stdout
