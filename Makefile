@@ -57,17 +57,17 @@ $(VENDORED): Makefile
 book: setup
 	$(VENV)/bin/jupyter-book build . -W -n --keep-going
 
-# Tests run in parallel (pytest-xdist), each worker with one torch thread: a decode step barely uses a second thread (on the 2-core CI machine, 48 greedy tokens
+# Tests run in parallel (pytest-xdist), one worker per core up to four, each with one torch
+# thread: a decode step barely uses a second thread (on the 2-core CI machine, 48 greedy tokens
 # took 3.4 s with two threads and 4.3 s with one), while two one-thread processes run side by side
 # at nearly full speed each. The longest tests come first (tests/conftest.py orders them: the
 # chapters and two training tests, longest first, then the other slow ones) and are handed out one
 # at a time (--maxschedchunk=1; by default the first worker would get them all in its first
 # chunk), so the long tests start at once on every worker and the short ones fill in at the end.
-# One worker more than the cores, at most four: a worker sits idle while its test waits on a
-# kernel's start, a subprocess or a timeout (the grader's test waits out 25 s), and a third
-# worker on two cores fills those gaps.
-WORKERS := $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n + 1 : 4 )))
-PARALLEL := -n $(WORKERS) --maxschedchunk=1
+# One worker per core, at most four: a third worker on two cores (to fill the gaps where a worker
+# waits on a kernel's start, a subprocess or a timeout) made the first stage slower, 981 s against
+# 892-914 s, the processes contending for the cores.
+PARALLEL := -n auto --maxprocesses=4 --maxschedchunk=1
 ONE_THREAD := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 # `make test` in three stages, so that no core waits for a single-process job: the set-up of
