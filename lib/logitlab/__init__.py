@@ -16,7 +16,7 @@ and the shipped results, chapter 13). ``course`` (the exercises' checks, the gra
 import importlib
 
 # The book's parts (each module says which chapter explains it), and the names the chapters read.
-from . import constrained, decoding, devices, fast_cpu, sampling, search, speculative
+from . import constrained, decoding, devices, fast_cpu, fast_gpu, sampling, search, speculative
 from .constrained import Constraint
 from .decoding.generate import generate
 from .decoding.result import GenerationResult

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from . import fast_cpu
+from . import fast_cpu, fast_gpu
 from ._validate import check_flag
 from .devices import pick_device
 from .toy import NGramLM, toy_bigram, toy_model  # noqa: F401  (re-exported: ll.models.toy_model)
@@ -104,6 +104,8 @@ def load(name: str = "smollm2-135m", device: torch.device | str | None = None, d
     model = model.to(pick_device(device)).eval()
     if fast and fast_cpu.wanted(model.device):
         fast_cpu.enable(model, remember=cache_dir())
+    if fast and fast_gpu.wanted(model.device):
+        fast_gpu.enable(model)
     model.logitlab_load_seconds = time.perf_counter() - start
     model.logitlab_from_cache = from_cache
     return model, tokenizer

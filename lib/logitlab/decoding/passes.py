@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import fast_cpu
+from .. import fast_cpu, fast_gpu
 from ..devices import model_device
+from .static_cache import StaticCache
 
 
 @dataclass
@@ -39,9 +40,41 @@ def forward(model, *, cache=None, input_ids=None, inputs_embeds=None, attention_
     the last one's after the final norm, as Hugging Face's ``hidden_states[i]``), which a drafter
     fusing several layers reads (chapter 9); the logits still come from the last layer.
     """
+    new = input_ids if input_ids is not None else inputs_embeds
+    plan = getattr(model, "logitlab_static", None)
+    if cache is None and plan is not None:  # the static path (fast_gpu.enable): a cache of fixed size
+        cache = StaticCache(model, new.shape[0], new.shape[1] + plan.room, fast_gpu.Graphs() if plan.graphs else None)
+    if isinstance(cache, StaticCache):
+        return _static_pass(model, cache, new, input_ids is not None, attention_mask, position_ids, logits_to_keep,
+                            hidden, scores, layers)
     kwargs = dict(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
                   position_ids=position_ids, past_key_values=cache, use_cache=True)
-    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    return _run(model, {k: v for k, v in kwargs.items() if v is not None}, logits_to_keep, hidden, scores, layers)
+
+
+def _static_pass(model, cache, new, ids: bool, attention_mask, position_ids, logits_to_keep, hidden, scores,
+                 layers) -> Pass:
+    """``forward`` on a ``StaticCache``: every pass of a shape looks the same (its mask spans the
+    whole capacity, its positions are given), so that on a GPU it is recorded once and replayed."""
+    n = new.shape[1]
+    if position_ids is None:
+        position_ids = (torch.arange(n, device=new.device) + cache.length)[None].expand(new.shape[0], n)
+    inputs = {"input_ids" if ids else "inputs_embeds": new, "attention_mask": cache.begin(n, attention_mask),
+              "position_ids": position_ids}
+
+    def run(inputs):
+        step = _run(model, dict(inputs, past_key_values=cache, use_cache=True), logits_to_keep, hidden, scores, layers)
+        return step.logits, step.hidden
+
+    layers = None if layers is None else tuple(layers)
+    key = (tuple((name, tuple(t.shape)) for name, t in inputs.items()), logits_to_keep, hidden, scores, layers)
+    logits, states = cache.graphs.run(key, inputs, run) if cache.graphs is not None else run(inputs)
+    cache.end()
+    return Pass(cache, logits, states)
+
+
+def _run(model, kwargs: dict, logits_to_keep: int, hidden: bool, scores: bool, layers) -> Pass:
+    """``forward``'s pass itself: the model on ``kwargs`` (its inputs and cache)."""
     if not hidden:
         out = model(logits_to_keep=logits_to_keep, **kwargs)
         return Pass(out.past_key_values, out.logits.float())
