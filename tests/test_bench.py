@@ -115,8 +115,10 @@ def test_forward_seconds_times_decode_and_verification_passes_on_the_toy_model()
     model.forward = recording
     assert timing.forward_seconds(model, [1, 2, 3], 1, repeat=3) > 0
     assert timing.forward_seconds(model, [1, 2, 3], 4, repeat=3) > 0
-    # Each call: a prefill of the context, then 1 + 3 passes, every one on exactly the context.
-    assert seen == [(0, 3)] + [(3, 1)] * 4 + [(0, 3)] + [(3, 4)] * 4
+    # Each call: a prefill of the context, then 2 + 3 passes (two warm up: on a GPU the second
+    # records the pass), every one on exactly the context.
+    assert timing.WARMUP_ROUNDS == 2
+    assert seen == [(0, 3)] + [(3, 1)] * 5 + [(0, 3)] + [(3, 4)] * 5
 
 
 @pytest.mark.slow
@@ -456,3 +458,27 @@ def test_constrained_rows():
     assert "of a decode step" in names[6]
     assert all(r["seconds"] > 0 for r in table.rows)
     assert all(table.rows[i]["ratio"] > 0 for i in (0, 2, 5))
+
+
+@pytest.mark.slow  # 10-15 s: three loads and eleven short runs; transformers 4.56 adds nothing here
+def test_the_gpu_bench_runs_its_sections_on_a_small_setting():
+    """``python -m logitlab.bench.gpu`` is made to run once on a lent GPU: its sections are
+    checked here on the CPU, small, so that the device time is not spent finding a typo."""
+    import logitlab as ll
+    from logitlab.bench import gpu
+
+    model, tokenizer = ll.load("smollm2-135m", device="cpu")
+    stock = ll.load("smollm2-135m", device="cpu", fast=False)[0]
+    static = ll.fast_gpu.enable(ll.load("smollm2-135m", device="cpu")[0], graphs=False)
+    passes = gpu.bench_passes({"stock": stock, "static": static}, tokenizer, (1, 2), rounds=1)
+    assert set(passes) == {"stock", "static"} and all(set(p["v_n"]) == {2} and p["step_ms"] > 0
+                                                      for p in passes.values())
+    table = bench.Table()
+    gpu.bench_generate(table, model, stock, tokenizer, new_tokens=3, repeat=1)
+    gpu.bench_drafters(table, model, tokenizer, new_tokens=3, repeat=1, quick=True)
+    labels = [r["measurement"] for r in table.rows]
+    assert len(labels) == 4 + 7 and all(r["seconds"] > 0 for r in table.rows)
+    assert labels[3].startswith("Hugging Face generate, static cache, 2 prompts")  # not compiled on a CPU
+    assert "tokens per target pass" in labels[4 + 3]  # PaSS's drafting passes are the target's
+    assert gpu.machine(torch.device("cpu"), model)["ll.load"] == "CPU fast path"
+    assert gpu.machine(torch.device("cpu"), static)["ll.load"] == "static cache"

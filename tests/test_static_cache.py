@@ -127,6 +127,13 @@ def test_bad_arguments_raise():
     assert not fast_gpu.wanted("cpu") and fast_gpu.wanted("cuda")
 
 
+def test_a_drafters_model_follows_its_target():
+    draft = tiny_llama(1, 1, vocab=50)
+    with static(TARGET, room=40):
+        assert fast_gpu.follow(draft, TARGET).logitlab_static == fast_gpu.Plan(room=40, graphs=False)
+    assert not hasattr(fast_gpu.follow(draft, TARGET), "logitlab_static")
+
+
 def test_the_environment_switches_it_off(monkeypatch):
     monkeypatch.setenv("LOGITLAB_FAST_GPU", "0")
     assert not fast_gpu.wanted("cuda")
@@ -198,11 +205,18 @@ def drafters():
 def test_speculative_sampling_with_every_drafter(name, temperature):
     def run():
         drafter = drafters()[name]  # a fresh one: some drafters learn from what they saw
+        for inner in (getattr(drafter, "model", None), getattr(drafter, "drafter", None)):
+            if isinstance(inner, torch.nn.Module):  # a drafter's own model follows its target's path
+                fast_gpu.follow(inner, TARGET)
+                made.append(drafter)
         return ll.speculative_generate(TARGET, drafter, PROMPTS, gamma=3, max_new_tokens=30, eos_token_id=[EOS],
                                        temperature=temperature, generator=seeded())
+    made = []
     stock, fixed = both(TARGET, run)
     assert tokens(fixed) == tokens(stock)
     assert fixed.accepted == stock.accepted
+    if made:  # the draft model's and EAGLE's own passes: on a static cache too
+        assert not isinstance(made[0].cache, StaticCache) and isinstance(made[1].cache, StaticCache)
 
 
 def test_typical_acceptance_medusa_and_pass():
@@ -273,6 +287,7 @@ def test_every_kind_of_pass_gives_the_stock_logits(real):
         torch.testing.assert_close(a, b, atol=2e-4, rtol=1e-4, msg=name)
 
 
+@pytest.mark.slow  # 8-11 s; under transformers 4.56 the tiny models' tests cover the same paths
 def test_long_greedy_generations_and_eagle_trees_give_the_stock_tokens(real):
     model, tokenizer = real
     prompts = ["Write a short story about a lighthouse keeper.", "Explain how vaccines work."]

@@ -65,6 +65,7 @@ __all__ = [
     "decoding",
     "devices",
     "fast_cpu",
+    "fast_gpu",
     "generator",
     "metrics",
     "speculative",

@@ -64,6 +64,16 @@ def enable(model, graphs: bool | None = None, room: int = ROOM):
     return model
 
 
+def follow(model, target):
+    """Put ``model`` (a drafter's own model) on the path ``target`` is on: the static path with
+    the same recording where ``target`` has it, the stock cache where not. Returns ``model``."""
+    plan = getattr(target, "logitlab_static", None)
+    if plan is None:
+        disable(model)
+        return model
+    return enable(model, graphs=plan.graphs, room=plan.room)
+
+
 def disable(model) -> None:
     """Give ``model`` back the stock cache (passes after this one; a cache already made stays)."""
     vars(model).pop("logitlab_static", None)

@@ -37,7 +37,8 @@ class StaticCache(Cache):
         config = model.config
         self.shape = (config.num_key_value_heads,
                       getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
-        self.dtype, self.device = model.dtype, next(model.parameters()).device
+        weight = next(model.parameters())
+        self.dtype, self.device = weight.dtype, weight.device
         super().__init__(layers=[_Buffers() for _ in range(config.num_hidden_layers)])
         self.length, self.pending, self.graphs = 0, 0, graphs
         self._allocate(batch, _rounded(capacity))

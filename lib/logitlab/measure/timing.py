@@ -13,7 +13,11 @@ import statistics
 import torch
 
 from ..decoding.cache import crop_cache
+from ..decoding.passes import forward
 from ..devices import model_device, now
+from ..fast_gpu import RECORD_AFTER
+
+WARMUP_ROUNDS = RECORD_AFTER  # a pass is recorded (on a GPU) the second time it is met: both untimed
 
 
 def median_time(fn, repeat: int = 7, warmup: int = 2) -> float:
@@ -94,22 +98,24 @@ def pass_times(model, context_ids, sizes, rounds: int) -> dict:
 def pass_times_in_turn(models: dict, context_ids, sizes, rounds: int) -> dict:
     """``{name: {n: times}}``: :func:`pass_times` for several models (``{name: model}``), one
     round of each in turn, so that a machine whose speed drifts affects them all alike. Each
-    model's cache is filled once and cropped back after every pass."""
+    model's cache is filled once and cropped back after every pass. The passes go through
+    ``decoding.forward``, as the loops' do: a model on the static path (``fast_gpu``) is timed on
+    it, its passes recorded in the two rounds that warm up."""
     caches = {}
     for name, model in models.items():
         device = model_device(model)
-        caches[name] = model(input_ids=torch.tensor([list(context_ids)], device=device), use_cache=True).past_key_values
+        caches[name] = forward(model, input_ids=torch.tensor([list(context_ids)], device=device), logits_to_keep=1).cache
     times = {name: {n: [] for n in sizes} for name in models}
-    for r in range(rounds + 1):
+    for r in range(rounds + WARMUP_ROUNDS):
         for name, model in models.items():
             device = model_device(model)
             # With several models, one untimed pass first: right after another model ran, the first
             # pass is slower (measured: a decode step 35 ms instead of 30), biasing the first size.
             warm = [(sizes[0], False)] if len(models) > 1 else []
-            for n, timed in warm + [(n, r > 0) for n in sizes]:
+            for n, timed in warm + [(n, r >= WARMUP_ROUNDS) for n in sizes]:
                 new = torch.full((1, n), context_ids[-1], device=device)  # which tokens does not change the time
                 start = now(device)
-                caches[name] = model(input_ids=new, past_key_values=caches[name], use_cache=True).past_key_values
+                forward(model, input_ids=new, cache=caches[name])
                 if timed:
                     times[name][n].append(now(device) - start)
                 crop_cache(caches[name], len(context_ids))

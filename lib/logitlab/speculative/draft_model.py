@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from .. import fast_cpu
+from .. import fast_cpu, fast_gpu
 from .._validate import check_flag, check_processors, check_smollm2
 from ..decoding.cache import roll_back
 from ..decoding.passes import forward, mask_positions, prefill
@@ -168,4 +168,4 @@ def load_pretrained(target, path: str | Path | None = None, full_vocabulary: boo
         draft.lm_head = SubsetHead(target.model.embed_tokens.weight, vocab.long())
     if getattr(target, "logitlab_fast_cpu", None):
         fast_cpu.enable(draft)  # the draft runs on the kernels its target runs on (ll.load's fast path)
-    return draft.eval()
+    return fast_gpu.follow(draft.eval(), target)  # and on its cache (ll.load's GPU fast path)

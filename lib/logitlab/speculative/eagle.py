@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from .. import fast_cpu
+from .. import fast_cpu, fast_gpu
 from .._validate import check_body_and_head
 from ..decoding.cache import crop_cache
 from ..decoding.passes import forward, mask_positions, tree_forward
@@ -142,7 +142,7 @@ def load_pretrained(target, path: str | Path | None = None) -> FeatureDrafter:
         raise ValueError(f"path: the file does not hold a FeatureDrafter's weights ({missing})")
     if getattr(target, "logitlab_fast_cpu", None):
         fast_cpu.enable(drafter)  # the drafter runs on the kernels its target runs on (ll.load's fast path)
-    return drafter.eval()
+    return fast_gpu.follow(drafter.eval(), target)  # and on its cache (ll.load's GPU fast path)
 
 
 class EagleDrafter(Drafter):
