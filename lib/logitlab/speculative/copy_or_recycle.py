@@ -54,9 +54,9 @@ class CopyOrRecycle(Drafter):
             for node in path[1:]:  # node 0 is the pending token, already appended
                 self.copy.append(r, tokens[r][node - 1])
 
-    def rollback(self, num_accepted) -> None:
+    def rollback(self, num_accepted, kept: list[int] | None = None) -> None:
         if self.tree is None:  # a copied chain: the automaton takes its kept prefix
-            self.copy.rollback(num_accepted)
+            self.copy.rollback(num_accepted, kept)
 
     def select_rows(self, keep) -> None:
         self.copy.select_rows(keep)

@@ -55,12 +55,14 @@ class DraftModelDrafter(Drafter):
         # A proposal that was accepted but never fed to the draft model (the last of a fully
         # accepted draft): it must go in before the next token. -1: none.
         self.unfed = torch.full((input_ids.shape[0],), -1, dtype=torch.long, device=input_ids.device)
+        self.any_unfed = False
         self.steps = 1  # forward passes of the draft model, this prefill included
 
     @torch.inference_mode()
     def propose(self, next_tokens, gamma, config, generator=None):
         # Feed what the draft model has not seen: (the unfed proposal and) the target's token.
-        if bool((self.unfed >= 0).any()):  # one host sync per call, not per token
+        any_unfed = bool((self.unfed >= 0).any()) if self.any_unfed is None else self.any_unfed
+        if any_unfed:  # (read from the device only where the loop did not say)
             feed = torch.stack([self.unfed.clamp_min(0), next_tokens], dim=1)
             new_mask = torch.stack([(self.unfed >= 0).long(), torch.ones_like(next_tokens)], dim=1)
         else:
@@ -96,11 +98,12 @@ class DraftModelDrafter(Drafter):
         self.steps += 1
         return step.logits[:, -1]
 
-    def rollback(self, num_accepted: torch.Tensor) -> None:
+    def rollback(self, num_accepted: torch.Tensor, kept: list[int] | None = None) -> None:
         gamma = self.proposed.shape[1]
         # Proposals 1 .. gamma - 1 are in the cache (the last was drawn, never fed).
-        self.mask = roll_back(self.cache, self.mask, gamma - 1, num_accepted)
+        self.mask = roll_back(self.cache, self.mask, gamma - 1, num_accepted, None if kept is None else max(kept))
         self.unfed = torch.where(num_accepted == gamma, self.proposed[:, -1], torch.full_like(num_accepted, -1))
+        self.any_unfed = None if kept is None else gamma in kept  # known without a read
 
     def select_rows(self, keep: torch.Tensor) -> None:
         self.cache.batch_select_indices(keep)

@@ -15,7 +15,7 @@ only by how often its proposals are accepted and by what it costs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -38,11 +38,16 @@ class DraftTree:
     tokens: torch.Tensor
     parents: list[int] | torch.Tensor
     q: torch.Tensor | None = None
+    read_rows: list[list[int]] | None = field(default=None, repr=False, compare=False)
 
     def rows(self) -> list[list[int]]:
-        """Each row's parents, with the root as node 0 (``logitlab.speculative.tree_verify``'s form)."""
-        per_row = self.parents.tolist() if isinstance(self.parents, torch.Tensor) else [list(self.parents)] * len(self.tokens)
-        return [[-1] + [a + 1 for a in row] for row in per_row]
+        """Each row's parents, with the root as node 0 (``logitlab.speculative.tree_verify``'s form).
+        Parents on the device are read once (a GPU waits for its queue at every read)."""
+        if self.read_rows is None:
+            per_row = self.parents.tolist() if isinstance(self.parents, torch.Tensor) else (
+                [list(self.parents)] * len(self.tokens))
+            self.read_rows = [[-1] + [a + 1 for a in row] for row in per_row]
+        return self.read_rows
 
     @property
     def depth(self) -> int:
@@ -131,11 +136,19 @@ class Drafter:
         token): ``rollback`` says only how many drafts were kept, which for a tree does not say
         which; a drafter that follows the text (``copy_or_recycle``) reads them here."""
 
-    def rollback(self, num_accepted: torch.Tensor) -> None:
-        """The target kept the first ``num_accepted[b]`` proposals of row b."""
+    def rollback(self, num_accepted: torch.Tensor, kept: list[int] | None = None) -> None:
+        """The target kept the first ``num_accepted[b]`` proposals of row b. ``kept``: the same
+        counts as a list, where the loop has read them from the device already (a drafter that
+        needs them on the host takes them from here rather than reading the tensor again: on a
+        GPU every read waits for the queued work)."""
 
     def select_rows(self, keep: torch.Tensor) -> None:
         """Only the rows ``keep`` go on (the others have finished)."""
+
+
+def host_counts(num_accepted: torch.Tensor, kept: list[int] | None) -> list[int]:
+    """``Drafter.rollback``'s counts as a list: ``kept`` where the loop passed them, else read."""
+    return num_accepted.tolist() if kept is None else list(kept)
 
 
 def padded_chains(found: list[list[int]], last: list[int], vocab_size: int, device):

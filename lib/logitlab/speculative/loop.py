@@ -110,10 +110,11 @@ class _Target:
             self.drafter.observe_logits(tokens, step.logits)
         return step.logits
 
-    def keep_paths(self, fed: int, index: torch.Tensor, counts: torch.Tensor) -> None:
+    def keep_paths(self, fed: int, index: torch.Tensor, counts: torch.Tensor, longest: int) -> None:
         """After a tree pass over ``fed`` nodes, row b keeps ``index[b, :counts[b]]`` (its path,
-        root first): moved to the front of the block, the other nodes dropped."""
-        self.mask = keep_in_block(self.cache, self.mask, fed, index, counts)
+        root first): moved to the front of the block, the other nodes dropped (``longest``:
+        ``max(counts)``, known on the host)."""
+        self.mask = keep_in_block(self.cache, self.mask, fed, index, counts, longest)
         if self.hidden:
             self.show_drafter(index, counts)
 
@@ -126,10 +127,11 @@ class _Target:
         kept = torch.arange(index.shape[1], device=counts.device)[None] < counts[:, None]
         self.drafter.observe_states(states, self.fed.gather(1, index), kept.long())
 
-    def rollback(self, num: torch.Tensor, g: int) -> None:
+    def rollback(self, num: torch.Tensor, g: int, longest: int) -> None:
         """The cache holds the pending token and all g drafts: rejected drafts are masked out, like
-        left padding (rows keep different numbers), and cropped where no row keeps them."""
-        self.mask = roll_back(self.cache, self.mask, g, num)
+        left padding (rows keep different numbers), and cropped where no row keeps them
+        (``longest``: ``max(num)``, read already)."""
+        self.mask = roll_back(self.cache, self.mask, g, num, longest)
         if self.hidden:  # the pending token and the kept drafts: the first num + 1 positions
             index = torch.arange(g + 1, device=num.device).expand(len(num), -1)
             self.show_drafter(index, num + 1)
@@ -278,8 +280,7 @@ def _call(run, pending, gamma, active, look) -> torch.Tensor:
     proposal = drafter.propose(pending, gamma, config, generator)
     t1 = now(device)
     if isinstance(proposal, DraftTree):
-        num, nxt = _tree_call(run, pending, proposal, active, look)
-        kept = num.tolist()
+        num, nxt, kept = _tree_call(run, pending, proposal, active, look)
         g, fed = proposal.depth, proposal.tokens.shape[1] + 1
     else:
         drafts, q = proposal
@@ -298,8 +299,8 @@ def _call(run, pending, gamma, active, look) -> torch.Tensor:
         # The kept drafts, then the next token at position num: what each row emits, num + 1 tokens.
         emitted = torch.cat([drafts, nxt[:, None]], dim=1).scatter(1, num[:, None], nxt[:, None])
         out.add(active, emitted, raw, p, [k + 1 for k in kept])  # raw: log-probs under the model's own
-        side.rollback(num, g)
-    drafter.rollback(num)
+        side.rollback(num, g, max(kept))
+    drafter.rollback(num, kept)
     t2 = now(device)
     run.log.record([call_counts(n, k, g) for n, k in zip(kept, out.kept_since(active, before))], g, t0, t1, t2, fed)
     return nxt
@@ -325,7 +326,8 @@ def _processed_positions(run, look, logits, drafts, text) -> torch.Tensor:
 
 def _tree_call(run, pending, tree, active, look):
     """The verification of a ``DraftTree``: one target pass over every row's tree, each row's path
-    chosen by ``acceptance.tree``, the cache compacted to the paths. Returns ``(num, next)``.
+    chosen by ``acceptance.tree``, the cache compacted to the paths. Returns ``(num, next, kept)``
+    (``kept``: ``num`` as a list, known on the host).
     Under a constraint (``look``), the target after each node is masked in the state after that
     node's own path, as the chain masks each position: a node the constraint forbids has
     probability 0 under its parent's ``p``, so it is always rejected."""
@@ -349,16 +351,17 @@ def _tree_call(run, pending, tree, active, look):
         paths.append(path)
         nxt.append(token.reshape(()))
     run.drafter.kept_path(paths)
-    nxt, counts = torch.stack(nxt), torch.tensor([len(path) for path in paths], device=pending.device)
-    width = int(counts.max())
+    lengths = [len(path) for path in paths]
+    nxt, counts = torch.stack(nxt), torch.tensor(lengths, device=pending.device)
+    width = max(lengths)
     index = torch.tensor([path + [path[-1]] * (width - len(path)) for path in paths], device=pending.device)
     # Each row emits its path's drafts and then the next token: len(path) tokens.
     emitted = torch.cat([tokens.gather(1, index)[:, 1:], nxt[:, None]], dim=1).scatter(1, counts[:, None] - 1,
                                                                                           nxt[:, None])
     on_path = index[..., None].expand(-1, -1, logits.shape[-1])
-    out.add(active, emitted, raw.gather(1, on_path), None if p is None else p.gather(1, on_path), counts.tolist())
-    side.keep_paths(tokens.shape[1], index, counts)
-    return counts - 1, nxt
+    out.add(active, emitted, raw.gather(1, on_path), None if p is None else p.gather(1, on_path), lengths)
+    side.keep_paths(tokens.shape[1], index, counts, width)
+    return counts - 1, nxt, [n - 1 for n in lengths]
 
 
 def check_gamma(gamma) -> int:

@@ -46,7 +46,7 @@ from ..decoding.tree_shape import tree_attention_mask, tree_position_ids
 from ..devices import model_device, now
 from ..sampling.pipeline import SamplingConfig, draw, target_probs
 from .acceptance import RejectionSampling, read_kept
-from .drafter import Drafter
+from .drafter import Drafter, host_counts
 from .result import CallLog, Outputs, SpeculativeResult
 from .theory import call_counts
 
@@ -127,8 +127,9 @@ class LookaheadEmbeddings(torch.nn.Module, Drafter):
         self.proposed, q = draw(step.logits, config, generator)
         return self.proposed, q
 
-    def rollback(self, num_accepted: torch.Tensor) -> None:
-        self.unfed = [self.proposed[b, :n].tolist() for b, n in enumerate(num_accepted.tolist())]
+    def rollback(self, num_accepted: torch.Tensor, kept: list[int] | None = None) -> None:
+        proposed = self.proposed.tolist()
+        self.unfed = [proposed[b][:n] for b, n in enumerate(host_counts(num_accepted, kept))]
 
     def select_rows(self, keep: torch.Tensor) -> None:
         self.cache.batch_select_indices(keep)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from .._validate import check_int
-from .drafter import Drafter, padded_chains
+from .drafter import Drafter, host_counts, padded_chains
 
 
 class PromptLookupDrafter(Drafter):
@@ -49,8 +49,8 @@ class PromptLookupDrafter(Drafter):
                     return row[start + n:start + n + gamma]
         return []
 
-    def rollback(self, num_accepted: torch.Tensor) -> None:
-        for row, proposed, n in zip(self.history, self.proposed, num_accepted.tolist()):
+    def rollback(self, num_accepted: torch.Tensor, kept: list[int] | None = None) -> None:
+        for row, proposed, n in zip(self.history, self.proposed, host_counts(num_accepted, kept)):
             row.extend(proposed[:n])
 
     def select_rows(self, keep: torch.Tensor) -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from .._validate import check_int
-from .drafter import Drafter, padded_chains
+from .drafter import Drafter, host_counts, padded_chains
 
 
 class SuffixAutomaton:
@@ -182,8 +182,8 @@ class SuffixDrafter(Drafter):
         usable = [c for c in candidates if c[0] >= self.min_match and c[1]]
         return max(usable, key=lambda c: c[0]) if usable else (0, [])
 
-    def rollback(self, num_accepted: torch.Tensor) -> None:
-        for r, (proposed, n) in enumerate(zip(self.proposed, num_accepted.tolist())):
+    def rollback(self, num_accepted: torch.Tensor, kept: list[int] | None = None) -> None:
+        for r, (proposed, n) in enumerate(zip(self.proposed, host_counts(num_accepted, kept))):
             for token in proposed[:n]:
                 self.append(r, token)
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from .._validate import check_generator, check_probs
+from .._validate import check_generator, check_probs, checking_values
 from ..decoding.tree_shape import ancestors, depths
 from ..devices import exact_dtype
 from ..sampling.draw import inverse_transform
@@ -138,6 +138,8 @@ def check_tree(parents, tokens, scores, name: str = "logits") -> list[int]:
         raise ValueError(f"tokens must be a LongTensor of shape [{n}], one token per node")
     if not isinstance(scores, torch.Tensor) or scores.dim() != 2 or scores.shape[0] != n:
         raise ValueError(f"{name} must be a tensor [{n}, V]: the target's scores after each node")
-    if (tokens < 0).any() or (tokens >= scores.shape[1]).any():
+    # Token ids are values on the device: checked when called directly, not inside the loops
+    # (``trusted()``), which take a tree's tokens as they take a chain's.
+    if checking_values() and ((tokens < 0).any() or (tokens >= scores.shape[1]).any()):
         raise ValueError(f"tokens must be token ids in [0, {scores.shape[1]})")
     return list(parents)
