@@ -113,6 +113,33 @@ def test_the_cache_grows_keeping_what_it_holds():
     assert cache.slots[:3].tolist() == [BLOCK - 1, BLOCK, BLOCK + 1]
 
 
+def test_a_gone_caches_storage_serves_the_next_cache_of_its_shape():
+    with static(TARGET):
+        pool = TARGET.logitlab_static.pool
+        first = prefill(TARGET, torch.tensor([[1, 2, 3]]), torch.ones(1, 3, dtype=torch.long)).cache
+        address = first.layers[0].keys.data_ptr()
+        second = prefill(TARGET, torch.tensor([[4, 5]]), torch.ones(1, 2, dtype=torch.long)).cache
+        assert second.layers[0].keys.data_ptr() != address  # the first is still held: never shared
+        del first
+        assert len(pool.free) == 1
+        third = prefill(TARGET, torch.tensor([[6]]), torch.ones(1, 1, dtype=torch.long)).cache
+        assert third.layers[0].keys.data_ptr() == address and not pool.free
+        other = prefill(TARGET, torch.tensor([[6], [7]]), torch.ones(2, 1, dtype=torch.long)).cache
+        assert other.batch == 2 and other.layers[0].keys.data_ptr() != address  # another shape
+        # Rows leaving, or the cache growing, hand the storage it leaves to the pool at once.
+        other.batch_select_indices(torch.tensor([1]))
+        assert [key for key, _ in pool.free] == [(2, other.capacity)]
+        del second, third, other
+
+
+def test_the_pool_keeps_the_latest_few():
+    pool = fast_gpu.Pool(size=2)
+    for i in range(3):
+        pool.give(("key", i % 2), i)
+    assert pool.take(("key", 0), lambda: "new") == 2 and pool.take(("key", 1), lambda: "new") == 1
+    assert pool.take(("key", 0), lambda: "new") == "new"  # 0 went first
+
+
 def test_a_pass_that_was_not_begun_is_refused():
     cache = StaticCache(TARGET, batch=1, capacity=8)
     with pytest.raises(ValueError, match="not begun"):
@@ -150,6 +177,14 @@ def test_generate(settings):
                                                     generator=seeded(), **settings))
     assert tokens(fixed) == tokens(stock)
     assert len({len(t) for t in tokens(stock)}) > 1  # rows finished at different steps
+
+
+def test_generate_again_on_the_storage_the_last_call_left():
+    with static(TARGET):
+        first = ll.generate(TARGET, PROMPTS, max_new_tokens=20, eos_token_id=[], temperature=0)
+        assert len(TARGET.logitlab_static.pool.free) >= 1
+        again = ll.generate(TARGET, PROMPTS, max_new_tokens=20, eos_token_id=[], temperature=0)
+    assert tokens(again) == tokens(first)
 
 
 def test_generate_past_the_room_it_began_with():

@@ -13,8 +13,10 @@ does not (it grows by one position per step). ``enable`` switches a model to the
 every ``logitlab.decoding.forward`` on it uses a ``StaticCache`` (keys and values in buffers of
 fixed size, written in place; each pass's mask spans the whole buffer) and, on a GPU, a
 :class:`Graphs` that records each shape of pass the second time it meets it (a decode step;
-a verification over n drafts; a tree) and replays it from then on. A cache's graphs live as long
-as its buffers: a new allocation (a longer sequence, fewer rows) records again.
+a verification over n drafts; a tree) and replays it from then on. Graphs belong to the buffers
+they were recorded on; when a cache is gone, its buffers and graphs go back to the model's
+:class:`Pool`, and the next cache of the same batch and capacity (the next ``generate``) takes
+them, its passes recorded already.
 
 ``ll.load`` enables it on CUDA; ``ll.load(..., fast=False)``, ``LOGITLAB_FAST_GPU=0`` or
 :func:`disable` switch it off. The static path runs on any device (the tests check it on the
@@ -28,20 +30,45 @@ from __future__ import annotations
 import collections
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 ROOM = 512  # positions a new cache leaves after the prompt before it must grow
 RECORD_AFTER = 2  # a shape of pass is recorded the second time it is met (a prefill is met once)
+KEPT = 4  # static-cache storages a model keeps for reuse (batch sizes and capacities it met last)
+
+
+class Pool:
+    """Things nobody holds any more, each kept under a key for the next one who asks for that
+    key: a model's static-cache storages (their buffers and recorded passes), by batch and
+    capacity, so that the next ``generate`` replays the passes the last one recorded. At most
+    ``size`` are kept (the oldest given back goes first)."""
+
+    def __init__(self, size: int = KEPT):
+        self.size, self.free = size, []  # (key, thing), oldest first
+
+    def take(self, key, make):
+        """A thing given back under ``key``, or ``make()`` where there is none."""
+        for i, (held, thing) in enumerate(self.free):
+            if held == key:
+                del self.free[i]
+                return thing
+        return make()
+
+    def give(self, key, thing) -> None:
+        self.free.append((key, thing))
+        del self.free[:-self.size]
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What ``enable`` switched on: ``room`` after each prompt, and whether passes are recorded."""
+    """What ``enable`` switched on: ``room`` after each prompt, whether passes are recorded, and
+    the model's ``pool`` of static-cache storages."""
 
     room: int
     graphs: bool
+    pool: Pool = field(default_factory=Pool, compare=False, repr=False)
 
 
 def wanted(device) -> bool:
@@ -80,17 +107,12 @@ def disable(model) -> None:
 
 
 class Graphs:
-    """The passes of one static cache, recorded as CUDA graphs (one per shape) and replayed."""
+    """The passes recorded on one static-cache storage, as CUDA graphs (one per shape), replayed."""
 
     def __init__(self):
         self.recorded, self.met = {}, collections.Counter()
-        self.pool = None  # one memory pool for all of them: a cache's passes never run at once
+        self.pool = None  # one memory pool for all of them: a storage's passes never run at once
         self.failed = False
-
-    def clear(self) -> None:
-        """Forget every graph: the buffers they were recorded on are gone."""
-        self.recorded.clear()
-        self.met.clear()
 
     def run(self, key, inputs: dict, run):
         """``run(inputs)`` (a tuple of tensors or None), replayed from a graph when ``key`` (the

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import fast_cpu, fast_gpu
+from .. import fast_cpu
 from ..devices import model_device
 from .static_cache import StaticCache
 
@@ -43,7 +43,7 @@ def forward(model, *, cache=None, input_ids=None, inputs_embeds=None, attention_
     new = input_ids if input_ids is not None else inputs_embeds
     plan = getattr(model, "logitlab_static", None)
     if cache is None and plan is not None:  # the static path (fast_gpu.enable): a cache of fixed size
-        cache = StaticCache(model, new.shape[0], new.shape[1] + plan.room, fast_gpu.Graphs() if plan.graphs else None)
+        cache = StaticCache(model, new.shape[0], new.shape[1] + plan.room, plan.graphs, plan.pool)
     if isinstance(cache, StaticCache):
         return _static_pass(model, cache, new, input_ids is not None, attention_mask, position_ids, logits_to_keep,
                             hidden, scores, layers)

@@ -19,8 +19,12 @@ switched on.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from transformers.cache_utils import Cache
+
+from .. import fast_gpu
 
 BLOCK = 256  # capacities are multiples of this, so that a few sizes serve every prompt
 
@@ -29,35 +33,44 @@ class StaticCache(Cache):
     """Keys and values of ``batch`` rows in buffers of ``capacity`` positions, written in place.
 
     ``layers[i].keys`` and ``.values`` are the whole buffers (``keep_in_block`` reorders a block
-    of them in place); ``length`` positions hold the sequence so far. ``graphs`` (a
-    ``fast_gpu.Graphs``, or None) keeps the passes recorded on these buffers.
+    of them in place); ``length`` positions hold the sequence so far. The buffers, the slots and
+    the passes recorded on them (with ``graphs``) are a :class:`Storage`; with a ``pool`` (a
+    ``fast_gpu.Pool``, the model's), it is taken from there and given back when the cache is
+    gone, so that the next cache of the same shape finds its passes recorded already.
     """
 
-    def __init__(self, model, batch: int, capacity: int, graphs=None):
+    def __init__(self, model, batch: int, capacity: int, graphs: bool = False, pool=None):
         config = model.config
-        self.shape = (config.num_key_value_heads,
+        self.shape = (config.num_hidden_layers, config.num_key_value_heads,
                       getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
         weight = next(model.parameters())
-        self.dtype, self.device = weight.dtype, weight.device
+        self.dtype, self.device, self.recorded, self.pool = weight.dtype, weight.device, graphs, pool
         super().__init__(layers=[_Buffers() for _ in range(config.num_hidden_layers)])
-        self.length, self.pending, self.graphs = 0, 0, graphs
-        self._allocate(batch, _rounded(capacity))
+        self.length, self.pending = 0, 0
+        self.held = [None]  # the storage in use, where the finalizer below finds it
+        if pool is not None:
+            weakref.finalize(self, _give_back, pool, self.held)
+        self._use(self._storage(batch, _rounded(capacity)))
 
-    def _allocate(self, batch: int, capacity: int, keep: int = 0, rows=None) -> None:
-        """New buffers (the graphs recorded on the old ones are dropped), holding the first
-        ``keep`` positions of the old ones (of the batch rows ``rows``, all by default)."""
-        shape = (batch, *self.shape[:1], capacity, self.shape[1])
-        for layer in self.layers:
-            old = (layer.keys, layer.values) if keep else None
-            layer.keys, layer.values = (torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(2))
-            if old:
-                for new, before in zip((layer.keys, layer.values), old):
+    def _storage(self, batch: int, capacity: int) -> Storage:
+        def make():
+            return Storage(self.shape, batch, capacity, self.dtype, self.device, self.recorded)
+        return make() if self.pool is None else self.pool.take((batch, capacity), make)
+
+    def _use(self, storage: Storage, keep: int = 0, rows=None) -> None:
+        """Work in ``storage`` from now on, holding the first ``keep`` positions of the storage
+        used so far (of its batch rows ``rows``, all by default), which goes back to the pool."""
+        old = self.held[0]
+        for i, layer in enumerate(self.layers):
+            layer.keys, layer.values = storage.keys[i], storage.values[i]
+            if keep:
+                for new, before in ((layer.keys, old.keys[i]), (layer.values, old.values[i])):
                     new[:, :, :keep] = before[:, :, :keep] if rows is None else before[rows, :, :keep]
-        self.batch, self.capacity = batch, capacity
-        self.slots = torch.zeros(capacity, dtype=torch.long, device=self.device)
-        self.offsets = torch.arange(capacity, device=self.device)
-        if self.graphs is not None:
-            self.graphs.clear()
+        self.held[0] = storage
+        if old is not None and self.pool is not None:
+            self.pool.give((old.batch, old.capacity), old)
+        self.batch, self.capacity, self.slots, self.offsets = storage.batch, storage.capacity, storage.slots, storage.offsets
+        self.graphs = storage.graphs
 
     def begin(self, n: int, attention_mask: torch.Tensor | None) -> torch.Tensor:
         """Make room for a pass over ``n`` new inputs: they will be written at positions
@@ -67,8 +80,8 @@ class StaticCache(Cache):
         positions to see; the new inputs see the ones before them) or an additive 4D mask
         ``[batch or 1, 1, n, length + n]`` (a tree's pattern, from ``additive_mask``)."""
         total = self.length + n
-        if total > self.capacity:  # grow: a new, larger allocation holding what is there
-            self._allocate(self.batch, _rounded(max(total, 2 * self.capacity)), keep=self.length)
+        if total > self.capacity:  # grow: a larger storage, holding what is there
+            self._use(self._storage(self.batch, _rounded(max(total, 2 * self.capacity))), keep=self.length)
         torch.add(self.offsets[:n], self.length, out=self.slots[:n])
         self.pending = n
         lowest = torch.finfo(self.dtype).min
@@ -116,19 +129,40 @@ class StaticCache(Cache):
         self.length = max(0, self.length + max_length if max_length < 0 else min(max_length, self.length))
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        self._allocate(self.batch * repeats, self.capacity, keep=self.length,
-                       rows=torch.arange(self.batch, device=self.device).repeat_interleave(repeats))
+        self._use(self._storage(self.batch * repeats, self.capacity), keep=self.length,
+                  rows=torch.arange(self.batch, device=self.device).repeat_interleave(repeats))
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep the rows ``indices``: in place when the batch keeps its size (a beam search
-        reordering its beams, so that the recorded passes stay valid), else in new buffers."""
+        reordering its beams, so that the recorded passes stay valid), else in another storage."""
         indices = indices.to(self.device)
         if len(indices) != self.batch:
-            self._allocate(len(indices), self.capacity, keep=self.length, rows=indices)
+            self._use(self._storage(len(indices), self.capacity), keep=self.length, rows=indices)
             return
         for layer in self.layers:
             layer.keys.copy_(layer.keys.index_select(0, indices))
             layer.values.copy_(layer.values.index_select(0, indices))
+
+
+class Storage:
+    """A static cache's memory: each layer's key and value buffers ``[batch, heads, capacity,
+    dim]``, the positions a pass writes at (``slots``, filled from ``offsets``), and with
+    ``recorded`` the passes recorded on them (``graphs``, a ``fast_gpu.Graphs``)."""
+
+    def __init__(self, shape: tuple, batch: int, capacity: int, dtype, device, recorded: bool):
+        layers, heads, dim = shape
+        self.batch, self.capacity = batch, capacity
+        self.keys, self.values = ([torch.zeros(batch, heads, capacity, dim, dtype=dtype, device=device)
+                                   for _ in range(layers)] for _ in range(2))
+        self.slots = torch.zeros(capacity, dtype=torch.long, device=device)
+        self.offsets = torch.arange(capacity, device=device)
+        self.graphs = fast_gpu.Graphs() if recorded else None
+
+
+def _give_back(pool, held: list) -> None:
+    """A cache is gone: its storage goes back to the pool, for the next cache of its shape."""
+    storage = held[0]
+    pool.give((storage.batch, storage.capacity), storage)
 
 
 class _Buffers:
