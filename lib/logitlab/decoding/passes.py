@@ -68,7 +68,9 @@ def _static_pass(model, cache, new, ids: bool, attention_mask, position_ids, log
 
     layers = None if layers is None else tuple(layers)
     key = (tuple((name, tuple(t.shape)) for name, t in inputs.items()), logits_to_keep, hidden, scores, layers)
-    logits, states = cache.graphs.run(key, inputs, run) if cache.graphs is not None else run(inputs)
+    # Recorded only where no gradient is recorded (the loops run under inference_mode; training does not).
+    recording = cache.graphs is not None and not torch.is_grad_enabled()
+    logits, states = cache.graphs.run(key, inputs, run) if recording else run(inputs)
     cache.end()
     return Pass(cache, logits, states)
 
