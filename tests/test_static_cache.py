@@ -152,6 +152,8 @@ def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="room"):
         fast_gpu.enable(TARGET, room=0)
     assert not fast_gpu.wanted("cpu") and fast_gpu.wanted("cuda")
+    with pytest.raises(ValueError, match="Llama-like"):
+        fast_gpu.enable(ll.toy_model(vocab_size=5))
 
 
 def test_a_drafters_model_follows_its_target():

@@ -76,10 +76,21 @@ def wanted(device) -> bool:
     return torch.device(device).type == "cuda" and os.environ.get("LOGITLAB_FAST_GPU", "1") != "0"
 
 
+def supports(model) -> bool:
+    """Whether ``model`` can take the static path: a transformers decoder whose layers cache their
+    keys and values through the ``Cache`` interface, with grouped-query heads (Llama, Mistral,
+    Qwen and their kind, SmolLM2 among them)."""
+    config = getattr(model, "config", None)
+    return all(hasattr(config, name) for name in ("num_key_value_heads", "num_attention_heads", "num_hidden_layers"))
+
+
 def enable(model, graphs: bool | None = None, room: int = ROOM):
     """Switch ``model`` (a transformers causal LM) to the static path: the passes of the book's
     loops use a ``StaticCache`` of ``prompt + room`` positions (it grows when needed) and, with
     ``graphs`` (default: on CUDA), are recorded as CUDA graphs and replayed. Returns the model."""
+    if not supports(model):
+        raise ValueError(f"model: a {type(model).__name__} cannot take the static path; it needs a Llama-like "
+                         "transformers decoder (config.num_key_value_heads)")
     on_cuda = next(model.parameters()).device.type == "cuda"
     if graphs is None:
         graphs = on_cuda

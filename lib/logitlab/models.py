@@ -77,7 +77,10 @@ def load(name: str = "smollm2-135m", device: torch.device | str | None = None, d
     ``"smollm2-135m"``. On a CPU, ``fast=True`` gives the model's few-row products the kernels
     measured fastest on this machine (:mod:`logitlab.fast_cpu`; the same logits up to float
     rounding; measured at the first load on a machine, then read from the cache directory);
-    ``fast=False`` or ``LOGITLAB_FAST_CPU=0`` keeps the stock model. The load time (with any
+    ``fast=False`` or ``LOGITLAB_FAST_CPU=0`` keeps the stock model. On CUDA, ``fast=True``
+    switches the model to :mod:`logitlab.fast_gpu`'s static path (a KV cache of fixed size and
+    passes replayed as CUDA graphs; the same logits up to float rounding); ``fast=False`` or
+    ``LOGITLAB_FAST_GPU=0`` keeps the stock model there. The load time (with any
     measurement) is in ``model.logitlab_load_seconds`` and whether the cache was used
     in ``model.logitlab_from_cache``.
     """
@@ -104,7 +107,7 @@ def load(name: str = "smollm2-135m", device: torch.device | str | None = None, d
     model = model.to(pick_device(device)).eval()
     if fast and fast_cpu.wanted(model.device):
         fast_cpu.enable(model, remember=cache_dir())
-    if fast and fast_gpu.wanted(model.device):
+    if fast and fast_gpu.wanted(model.device) and fast_gpu.supports(model):
         fast_gpu.enable(model)
     model.logitlab_load_seconds = time.perf_counter() - start
     model.logitlab_from_cache = from_cache
