@@ -13,6 +13,14 @@
 # `run` installs the wheels under /tmp/site, checks the static path on CUDA (tests/test_static_cache.py,
 # its recorded-pass test included), then runs `python3 -m logitlab.bench.gpu`; the JSON and the
 # logs come back under $OUT.
+#
+# Every chapter on CUDA (a second session's work: it takes longer than one call), with the
+# notebook client's wheels (.device/nb, about 10 MB; the image has no Jupyter) carried in the
+# first call beside its part:
+#           run(carry=[".device/a", ".device/nb"], command="true"), then b and c as above, then
+#           run(carry=[".device/c", ".device/whl"], command="bash tools/gpu_bench.sh chapters '01_ or 02_ ...'")
+# `chapters` runs tests/test_chapters.py (each chapter executed, its exercises checked, nothing on
+# stderr) on the chapters the -k expression names, with each one's time; call it again for the rest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,20 +38,35 @@ prepare)
     mv .device/part-00 .device/a/; mv .device/part-01 .device/b/; mv .device/part-02 .device/c/
     basename .device/model/*.whl > .device/c/name
     rm -rf .device/model
+    # The notebook client and kernel, less what the image has and what running a notebook never
+    # imports (debugpy: the kernel's debugger; widgetsnbextension: the widgets' browser side).
+    $py -m pip download --quiet --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        --platform any -d .device/nb nbclient ipykernel nbformat ipywidgets
+    (cd .device/nb && rm -f attrs-* packaging-* psutil-* pygments-* python_dateutil-* typing_extensions-* \
+        tzdata-* debugpy-* widgetsnbextension-*)
     du -sh .device/*
     ;;
-run)
+run | chapters)
     : "${OUT:?run this on the device machine, where OUT is set}"
     wheel="/tmp/$(cat .device/c/name)"
     cat .device/a/part-00 .device/b/part-01 .device/c/part-02 > "$wheel"
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .device/whl/*.whl "$wheel"
+    extra=()
+    [ "$1" = chapters ] && extra=(.device/nb/*.whl)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+        .device/whl/*.whl "${extra[@]}" "$wheel"
     export PYTHONPATH="/tmp/site:$PWD/lib" PYTHONUNBUFFERED=1 LOGITLAB_CACHE=/tmp/logitlab-cache
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
-    python3 -m pytest -q -p no:cacheprovider tests/test_static_cache.py 2>&1 | tee "$OUT/test_static_cache.log" | tail -5
-    python3 -m logitlab.bench.gpu --json "$OUT/gpu.json" 2>&1 | tee "$OUT/bench_gpu.log" | tail -40
+    if [ "$1" = chapters ]; then
+        python3 -m pytest -q -p no:cacheprovider tests/test_chapters.py -k "runs_with and (${2:?a -k expression naming chapters})" \
+            --durations=0 2>&1 | tee "$OUT/chapters.log" | tail -30
+    else
+        python3 -m pytest -q -p no:cacheprovider tests/test_static_cache.py 2>&1 | tee "$OUT/test_static_cache.log" | tail -5
+        python3 -m logitlab.bench.gpu --json "$OUT/gpu.json" 2>&1 | tee "$OUT/bench_gpu.log" | tail -40
+    fi
     ;;
 *)
-    echo "usage: tools/gpu_bench.sh prepare|run" >&2
+    echo "usage: tools/gpu_bench.sh prepare|run|chapters K_EXPRESSION" >&2
     exit 2
     ;;
 esac
