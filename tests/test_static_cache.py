@@ -342,16 +342,35 @@ def test_long_greedy_generations_and_eagle_trees_give_the_stock_tokens(real):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="recording a pass as a CUDA graph needs CUDA")
 def test_recorded_passes_replay_the_unrecorded_ones():
+    import warnings
+
     model, tokenizer = ll.load("smollm2-135m", device="cuda")
     assert isinstance(model.logitlab_static, fast_gpu.Plan) and model.logitlab_static.graphs
-    prompts = ["Write a short story about a lighthouse keeper."]
+    prompts = ["Write a short story about a lighthouse keeper.", "Explain how vaccines work."]
     common = dict(tokenizer=tokenizer, temperature=0, eos_token_id=[], max_new_tokens=64)
-    recorded = ll.generate(model, prompts, **common)
-    fast_gpu.enable(model, graphs=False)
-    unrecorded = ll.generate(model, prompts, **common)
-    fast_gpu.disable(model)
-    stock = ll.generate(model, prompts, **common)
-    assert tokens(recorded) == tokens(unrecorded) == tokens(stock)
+    drafter = ll.speculative.eagle.load_pretrained(model)
+    draft = ll.speculative.draft_model.load_pretrained(model)
+
+    def every_loop():
+        return [ll.generate(model, prompts, **common), ll.generate(model, prompts, **common),  # again: replayed
+                ll.speculative_generate(model, EagleDrafter(drafter, tree=dict(top_k=3, nodes=10)), prompts,
+                                        gamma=4, **common),
+                ll.speculative_generate(model, DraftModelDrafter(draft), prompts, gamma=3, **common),
+                ll.beam_search(model, prompts[:1], num_beams=3, max_new_tokens=24, eos_token_id=[], tokenizer=tokenizer)]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a pass that could not be recorded warns
+        recorded = every_loop()
+    assert fast_gpu.recorded(model)["passes"] > 0 and fast_gpu.recorded(model)["failed"] == 0
+    for m in (model, drafter, draft):
+        fast_gpu.enable(m, graphs=False)
+    unrecorded = every_loop()
+    for m in (model, drafter, draft):
+        fast_gpu.disable(m)
+    stock = every_loop()
+    for a, b, c in zip(recorded[:4], unrecorded[:4], stock[:4]):
+        assert tokens(a) == tokens(b) == tokens(c)
+    assert [s.tolist() for s in recorded[4].sequences] == [s.tolist() for s in stock[4].sequences]
 
 
 # --- What the static path reads back from the device ---------------------------------------------

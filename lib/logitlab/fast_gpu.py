@@ -112,6 +112,14 @@ def follow(model, target):
     return enable(model, graphs=plan.graphs, room=plan.room)
 
 
+def recorded(model) -> dict:
+    """What the static path of ``model`` has recorded, over the storages in its pool (the caches
+    that are gone): ``{"passes": recorded passes, "failed": storages where recording failed}``."""
+    plan = getattr(model, "logitlab_static", None)
+    graphs = [] if plan is None else [s.graphs for _, s in plan.pool.free if s.graphs is not None]
+    return {"passes": sum(len(g.recorded) for g in graphs), "failed": sum(g.failed for g in graphs)}
+
+
 def disable(model) -> None:
     """Give ``model`` back the stock cache (passes after this one; a cache already made stays)."""
     vars(model).pop("logitlab_static", None)

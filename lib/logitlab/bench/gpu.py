@@ -64,6 +64,7 @@ def main(argv=None) -> dict:
     bench_generate(table, model, stock, tokenizer, new_tokens, repeat)
     bench_drafters(table, model, tokenizer, new_tokens, repeat, quick=args.quick)
     out["rows"] = table.rows
+    out["recorded"] = fast_gpu.recorded(model)  # on CUDA: passes recorded, and any failure to record
     print(json.dumps(out["passes"], indent=1))
     print(table.markdown())
     path = Path(args.json)
