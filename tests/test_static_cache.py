@@ -11,7 +11,7 @@ import contextlib
 
 import pytest
 import torch
-from test_constrained_trees import VOCAB, constraint
+from test_constrained_trees import constraint
 from test_medusa import random_heads
 from test_speculative import tiny_llama
 
@@ -201,7 +201,7 @@ def test_constrained_generate():
     run = lambda: ll.generate(target, prompts, max_new_tokens=12, temperature=0, eos_token_id=[5],  # noqa: E731
                               constraint=[constraint(), constraint(r"d(ab)*c?")])
     stock, fixed = both(target, run)
-    assert tokens(fixed) == tokens(stock) and VOCAB
+    assert tokens(fixed) == tokens(stock)
 
 
 def test_beam_search():

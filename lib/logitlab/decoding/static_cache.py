@@ -44,7 +44,7 @@ class StaticCache(Cache):
         self.shape = (config.num_hidden_layers, config.num_key_value_heads,
                       getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
         weight = next(model.parameters())
-        self.dtype, self.device, self.recorded, self.pool = weight.dtype, weight.device, graphs, pool
+        self.dtype, self.device, self.record, self.pool = weight.dtype, weight.device, graphs, pool
         super().__init__(layers=[_Buffers() for _ in range(config.num_hidden_layers)])
         self.length, self.pending = 0, 0
         self.held = [None]  # the storage in use, where the finalizer below finds it
@@ -54,7 +54,7 @@ class StaticCache(Cache):
 
     def _storage(self, batch: int, capacity: int) -> Storage:
         def make():
-            return Storage(self.shape, batch, capacity, self.dtype, self.device, self.recorded)
+            return Storage(self.shape, batch, capacity, self.dtype, self.device, self.record)
         return make() if self.pool is None else self.pool.take((batch, capacity), make)
 
     def _use(self, storage: Storage, keep: int = 0, rows=None) -> None:
@@ -147,16 +147,16 @@ class StaticCache(Cache):
 class Storage:
     """A static cache's memory: each layer's key and value buffers ``[batch, heads, capacity,
     dim]``, the positions a pass writes at (``slots``, filled from ``offsets``), and with
-    ``recorded`` the passes recorded on them (``graphs``, a ``fast_gpu.Graphs``)."""
+    ``record`` the passes recorded on them (``graphs``, a ``fast_gpu.Graphs``)."""
 
-    def __init__(self, shape: tuple, batch: int, capacity: int, dtype, device, recorded: bool):
+    def __init__(self, shape: tuple, batch: int, capacity: int, dtype, device, record: bool):
         layers, heads, dim = shape
         self.batch, self.capacity = batch, capacity
         self.keys, self.values = ([torch.zeros(batch, heads, capacity, dim, dtype=dtype, device=device)
                                    for _ in range(layers)] for _ in range(2))
         self.slots = torch.zeros(capacity, dtype=torch.long, device=device)
         self.offsets = torch.arange(capacity, device=device)
-        self.graphs = fast_gpu.Graphs() if recorded else None
+        self.graphs = fast_gpu.Graphs() if record else None
 
 
 def _give_back(pool, held: list) -> None:

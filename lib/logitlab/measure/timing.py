@@ -89,7 +89,7 @@ def pass_costs(model, context_ids, sizes, rounds: int = 7) -> dict:
 
 def pass_times(model, context_ids, sizes, rounds: int) -> dict:
     """``rounds`` times of one pass over ``n`` new tokens after the cached ``context_ids``, for
-    each ``n`` in ``sizes`` in turn (after a first round that warms up). The cache is cropped
+    each ``n`` in ``sizes`` in turn (after two rounds that warm up). The cache is cropped
     back to the context after each pass, so every pass sees the same context."""
     return pass_times_in_turn({"model": model}, context_ids, sizes, rounds)["model"]
 

@@ -38,7 +38,7 @@ class DraftTree:
     tokens: torch.Tensor
     parents: list[int] | torch.Tensor
     q: torch.Tensor | None = None
-    read_rows: list[list[int]] | None = field(default=None, repr=False, compare=False)
+    read_rows: list[list[int]] | None = field(default=None, repr=False, compare=False)  # rows(), once read
 
     def rows(self) -> list[list[int]]:
         """Each row's parents, with the root as node 0 (``logitlab.speculative.tree_verify``'s form).
