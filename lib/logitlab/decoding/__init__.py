@@ -14,6 +14,8 @@ and ``draw``):
 * ``tree_shape``: a token tree's attention mask and positions, and its bookkeeping;
 * ``cache``: ``crop_cache``, ``roll_back`` (rejected drafts out of a batch's cache) and
   ``keep_in_block`` (each row's kept path of a tree), the only code that shortens a cache;
+* ``static_cache``: a cache of fixed size written in place, which ``forward`` uses for a model
+  on ``logitlab.fast_gpu``'s static path (the shapes a GPU records once and replays);
 * ``result``: ``GenerationResult``, what every loop returns, and ``token_logprobs``;
 * ``generate``: the loop itself (``ll.generate``).
 

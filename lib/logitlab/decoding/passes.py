@@ -3,7 +3,9 @@
 ``forward`` runs new tokens (or embeddings) after a cache, optionally returning the last hidden
 states that Medusa heads and feature-level drafters read; ``masked_forward`` and ``tree_forward``
 run new inputs that attend to each other through a custom pattern (a token tree's mask), with
-``additive_mask`` turning a boolean pattern into the model's additive one.
+``additive_mask`` turning a boolean pattern into the model's additive one. For a model on the
+static path (``logitlab.fast_gpu``), ``forward`` makes and fills a ``StaticCache`` instead of
+Hugging Face's cache, and on CUDA replays the passes it has recorded.
 """
 
 from __future__ import annotations
