@@ -121,6 +121,21 @@ def test_generation_stops_once_every_row_has_stopped():
         assert torch.equal(a[0][: len(b[0])], b[0])
 
 
+def test_rows_that_stopped_leave_the_batch_without_changing_the_others():
+    model = tiny_llama(2, 0, vocab=12)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    full = generate_with_logits(model, prompts, [0.0] * 3, 60, 4, torch.Generator().manual_seed(0))
+    # Row 0's 3rd token stops it (it leaves after step 16), the others run on (they stop later or not at all).
+    stop = full[0][0][full[0][1] + 2].item()
+    short = generate_with_logits(model, prompts, [0.0] * 3, 60, 4, torch.Generator().manual_seed(0), stop_ids={stop})
+    for a, b in zip(full, short):
+        a, b = cut_at_stop(a, {stop}), cut_at_stop(b, {stop})
+        assert torch.equal(a[0], b[0]) and torch.equal(a[3], b[3])
+        torch.testing.assert_close(a[2].float(), b[2].float(), atol=2e-3, rtol=0)
+    assert len(short[0][2]) == 16 and len(full[0][2]) == 60  # it left at the first check after its stop
+    assert any(len(r[2]) > 16 for r in short)
+
+
 def test_token_file_keeps_each_answer_and_its_prompt(tmp_path):
     rows = [(torch.tensor([5, 6, 49151, 7]), 2, None, None), (torch.tensor([5, 6, 8]), 2, None, None)]
     save_tokens(rows, [3, 3], tmp_path / "t.npz", device="test")

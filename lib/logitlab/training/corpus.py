@@ -185,10 +185,10 @@ def cut_at_stop(row, stop_ids: set[int]):
 
 
 def generate_corpus(model, tok, texts: list[str], seconds: float, batch: int, max_new: int, max_prompt: int,
-                    k: int = 64, seed: int = 0, max_tokens: int | None = None):
+                    k: int = 64, seed: int = 0, max_tokens: int | None = None, after_batch=None):
     """Rows ``(tokens, new_from, topv, topi)`` of the target's answers, greedy and at T = 1,
     for as many prompts as ``seconds`` allows (in the order given), and the index in ``texts``
-    of each row's prompt."""
+    of each row's prompt. ``after_batch(rows, sources)``, if given, sees them after every batch."""
     prompts = [chat(tok, t) for t in texts]
     stop_ids = {tok.convert_tokens_to_ids("<|im_end|>"), tok.eos_token_id}
     gen, rows, sources, start = seeded_generator(model, seed), [], [], time.perf_counter()
@@ -202,6 +202,8 @@ def generate_corpus(model, tok, texts: list[str], seconds: float, batch: int, ma
         sources += [i for i in index for _ in (0, 1)]
         made = sum(len(r[2]) for r in rows)
         print(f"  {len(rows)} rows, {made} new tokens, {time.perf_counter() - start:.0f} s", flush=True)
+        if after_batch:
+            after_batch(rows, sources)
     return rows, sources
 
 
@@ -241,10 +243,13 @@ def save_tokens(rows, sources: list[int], path: Path, **about) -> None:
     import numpy as np
 
     new = np.concatenate([r[0][r[1]:].numpy() for r in rows]).astype(np.uint16)  # the vocabulary fits
-    np.savez_compressed(path, prompt=np.array(sources, dtype=np.int32), new=new,
-                        length=np.array([len(r[0]) - r[1] for r in rows], dtype=np.int32),
-                        temperature=np.array([0.0, 1.0] * (len(rows) // 2), dtype=np.float32),
-                        about=np.array(json.dumps(about)))
+    part = Path(f"{path}.part")  # written whole, then renamed: a run stopped while writing keeps the last file
+    with open(part, "wb") as f:
+        np.savez_compressed(f, prompt=np.array(sources, dtype=np.int32), new=new,
+                            length=np.array([len(r[0]) - r[1] for r in rows], dtype=np.int32),
+                            temperature=np.array([0.0, 1.0] * (len(rows) // 2), dtype=np.float32),
+                            about=np.array(json.dumps(about)))
+    part.replace(path)
 
 
 def main(argv=None):
@@ -275,7 +280,8 @@ def main(argv=None):
                    help="the target's weights while answering (bfloat16: faster on a GPU, near-equal answers)")
     g.add_argument("--device", help="cuda, mps or cpu (default: the best there is)")
     g.add_argument("--out", type=Path, required=True, help="the rows, as a torch file")
-    g.add_argument("--tokens", type=Path, help="also the answers' token ids alone, as a small .npz file")
+    g.add_argument("--tokens", type=Path, help="also the answers' token ids alone, as a small .npz file, "
+                   "written after every batch (a run cut short keeps them: go on with --resume)")
     g.add_argument("--resume", type=Path, help="a token file made earlier from the same prompts: its answers "
                    "are kept (their logits recomputed in one pass) and their prompts not answered again")
     g.add_argument("--first", default="", help="comma-separated sources whose prompts are answered before the rest")
@@ -319,19 +325,24 @@ def answer(args) -> None:
     todo = answer_order([r["source"] for r in prompt_rows], [i for i in range(len(texts)) if i not in done],
                         [f for f in args.first.split(",") if f])
     start = time.perf_counter()  # the generation's own speed, apart from the recomputed rows
+
+    def save(rows, sources):  # the token file after every batch: a run cut short keeps what it made
+        if args.tokens:
+            save_tokens(old + rows, old_sources + [todo[i] for i in sources], args.tokens,
+                        seconds=round(time.perf_counter() - start), prompts=str(args.prompts), device=machine(model),
+                        max_new=args.max_new, resumed=str(args.resume or ""), dtype=args.dtype,
+                        max_prompt=args.max_prompt)
+
     rows, sources = generate_corpus(model, tok, [texts[i] for i in todo], args.seconds, args.batch, args.max_new,
-                                    args.max_prompt, max_tokens=args.batch_tokens)
+                                    args.max_prompt, max_tokens=args.batch_tokens, after_batch=save)
     seconds, made = time.perf_counter() - start, sum(len(r[2]) for r in rows)
     print(f"{len(rows)} rows, {made} new tokens in {seconds:.0f} s ({made / max(seconds, 1e-9):.0f} tokens/s) "
           f"on {model.device}")
-    rows, sources = old + rows, old_sources + [todo[i] for i in sources]
+    save(rows, sources)
+    rows = old + rows
     if old:
         print(f"{len(rows)} rows and {sum(len(r[2]) for r in rows)} new tokens in all")
     torch.save(rows, args.out)
-    if args.tokens:
-        save_tokens(rows, sources, args.tokens, seconds=round(seconds), prompts=str(args.prompts),
-                    device=machine(model), max_new=args.max_new, resumed=str(args.resume or ""),
-                    dtype=args.dtype, max_prompt=args.max_prompt)
 
 if __name__ == "__main__":
     main()

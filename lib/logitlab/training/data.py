@@ -16,10 +16,12 @@ import time
 
 import torch
 
+from .._validate import check_logits, trusted
 from ..decoding.passes import mask_positions
 from ..devices import generator as seeded_generator
 from ..devices import model_device
 from ..fast_cpu import cpu_info
+from ..sampling.draw import sample
 
 # Varied short prompts: chat turns (the model is an instruction model, and chat is how the
 # book uses it) and plain text to continue. The drafter must not be tuned to one style.
@@ -124,38 +126,57 @@ def generate_with_logits(model, prompts: list[list[int]], temps: list[float], ma
     A plain decode loop rather than ``ll.generate``, because the logits it computes are the
     distillation targets: keeping them costs nothing, recomputing them is a second forward pass.
     Returns per row ``(tokens [L], new_from, topv [n, k] float16, topi [n, k] int32)``: positions
-    ``new_from - 1 .. L - 2`` predict the new tokens. With ``stop_ids`` it stops early once every
-    row has made one of them (the rows still run on past their own: cut them after).
+    ``new_from - 1 .. L - 2`` predict the new tokens. With ``stop_ids``, every 16 steps the rows
+    that have made one of them leave the batch (a row may run on up to 15 tokens past its stop:
+    cut them after), and the loop ends when none is left.
     """
-    width, device = max(len(p) for p in prompts), model_device(model)
+    width, device, n = max(len(p) for p in prompts), model_device(model), len(prompts)
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     t = torch.tensor(temps, dtype=torch.float32, device=device)[:, None]
-    pos = mask_positions(mask)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
-    cache, new, topv, topi = out.past_key_values, [], [], []
+    out = model(input_ids=ids, attention_mask=mask, position_ids=mask_positions(mask), use_cache=True,
+                logits_to_keep=1)
+    cache = out.past_key_values
+    new = torch.zeros(n, max_new_tokens, dtype=torch.long, device=device)
+    topv = torch.zeros(n, max_new_tokens, k, dtype=torch.float16, device=device)
+    topi = torch.zeros(n, max_new_tokens, k, dtype=torch.int32, device=device)
+    rows, ran = torch.arange(n, device=device), [max_new_tokens] * n  # live rows' original index; steps made
     stops = None if not stop_ids else torch.tensor(sorted(stop_ids), device=device)
-    stopped = torch.zeros(len(prompts), dtype=torch.bool, device=device)
+    stopped = torch.zeros(n, dtype=torch.bool, device=device)
     for step in range(max_new_tokens):
         logits = out.logits[:, -1].float()
         v, i = logits.topk(k, dim=-1)
-        topv.append(v.half())
-        topi.append(i.int())
-        probs = torch.softmax(logits / t.clamp_min(1e-6), dim=-1)
-        sampled = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-        token = torch.where(t.squeeze(-1) == 0, logits.argmax(-1), sampled)
-        new.append(token)
+        topv[rows, step], topi[rows, step] = v.half(), i.int()
+        # The library's inverse-transform sampler: torch.multinomial's exponential draws over the
+        # whole vocabulary took a quarter of a batched CPU step. Greedy rows ignore their draw.
+        # The target's logits are not checked for NaN every step (a host read): see the end.
+        with trusted():
+            drawn = sample(logits / torch.where(t == 0, 1.0, t), 1.0, generator)
+        token = torch.where(t[:, 0] == 0, logits.argmax(-1), drawn)
+        new[rows, step] = token
+        if step == max_new_tokens - 1:
+            break
         if stops is not None:
             stopped |= torch.isin(token, stops)
-        # One host read every 16 steps: on a GPU each read stalls the queue.
-        if step == max_new_tokens - 1 or (stops is not None and step % 16 == 15 and bool(stopped.all())):
-            break
+            # One host read every 16 steps (on a GPU each read stalls the queue): finished rows leave,
+            # so that the batch's last long answers no longer pay for the short ones.
+            if step % 16 == 15:
+                keep = (~stopped).nonzero().squeeze(-1)
+                for r in rows[stopped].tolist():
+                    ran[r] = step + 1
+                if len(keep) == 0:
+                    break
+                if len(keep) < len(rows):
+                    cache.batch_select_indices(keep)
+                    rows, mask, t, token, stopped = (x[keep] for x in (rows, mask, t, token, stopped))
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         out = model(input_ids=token[:, None], attention_mask=mask, position_ids=(mask.sum(-1, keepdim=True) - 1),
                     past_key_values=cache, use_cache=True)
         cache = out.past_key_values
-    new, topv, topi = torch.stack(new, 1), torch.stack(topv, 1), torch.stack(topi, 1)
-    return [(torch.tensor(p + new[b].tolist(), device="cpu"), len(p), topv[b].cpu(), topi[b].cpu()) for b, p in enumerate(prompts)]
+    new, topv, topi = new.cpu(), topv.cpu(), topi.cpu()
+    check_logits(topv.float(), "the target's logits")  # its top-k hold any NaN or +inf it made
+    return [(torch.tensor(p + new[b, : ran[b]].tolist(), device="cpu"), len(p), topv[b, : ran[b]], topi[b, : ran[b]])
+            for b, p in enumerate(prompts)]
 
 
 def make_data(model, tok, seconds: float, batch: int = 32, max_new_tokens: int = 128, k: int = 64, seed: int = 0,
