@@ -290,11 +290,23 @@ def test_shipped_drafter_is_small_greedy_exact_and_trained():
 
 def test_cropped_rows_lose_only_the_start_of_long_prompts():
     rows = [(torch.arange(8), 5, "v", "i"), (torch.arange(4), 2, "v", "i"), (torch.arange(9), 2, "v", "i")]
-    feats = [torch.arange(len(r[0]))[:, None] * 1.0 for r in rows]
-    out, f = cropped(rows, feats, max_len=6)
+    out = cropped(rows, max_len=6)
     # 8 tokens, answer from 5: the first two prompt tokens go; the answer's position moves with them
     assert out[0][0].tolist() == [2, 3, 4, 5, 6, 7] and out[0][1] == 3
-    assert f[0].flatten().tolist() == [2, 3, 4, 5, 6, 7]
     assert out[1][0].tolist() == [0, 1, 2, 3] and out[1][1] == 2  # short enough: untouched
     # an answer longer than max_len keeps all of itself and the two tokens before it
     assert out[2][0].tolist() == list(range(9)) and out[2][1] == 2 and out[2][2:] == ("v", "i")
+
+
+def test_features_of_cropped_rows_still_come_from_the_whole_row():
+    target = tiny_llama(2, seed=0)
+    rows = [(torch.tensor([1, 2, 3, 4, 5, 1, 2, 3]), 5, None, None), (torch.tensor([4, 5, 1, 2]), 2, None, None)]
+    full = row_features(target, rows)
+    kept = row_features(target, rows, max_len=6, dtype=torch.bfloat16)
+    assert [len(f) for f in kept] == [len(r[0]) for r in cropped(rows, 6)] == [6, 4]
+    assert kept[0].dtype == torch.bfloat16
+    # the last six positions' features, as the pass over all eight tokens made them (not over six)
+    torch.testing.assert_close(kept[0].float(), full[0][2:], atol=0.02, rtol=0.01)
+    torch.testing.assert_close(kept[1].float(), full[1], atol=0.02, rtol=0.01)
+    alone = row_features(target, [(rows[0][0][2:], 3, None, None)])[0]
+    assert not torch.allclose(alone, full[0][2:], atol=0.02, rtol=0.01)

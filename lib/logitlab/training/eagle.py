@@ -54,31 +54,40 @@ from .data import (
 
 
 @torch.inference_mode()
-def row_features(target, data, batch: int = 16, layers=None) -> list[torch.Tensor]:
+def row_features(target, data, batch: int = 16, layers=None, max_len: int | None = None,
+                 dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
     """The target's last hidden state at every position of every row (``[L, H]`` per row), or with
-    ``layers`` the outputs of those layers, concatenated (``[L, len(layers) * H]``)."""
+    ``layers`` the outputs of those layers, concatenated (``[L, len(layers) * H]``). With
+    ``max_len``, only the positions ``cropped`` keeps (the pass still reads the whole row); stored
+    as ``dtype`` (bfloat16 halves the memory of millions of positions)."""
     feats = []
     for i in range(0, len(data), batch):
-        rows = [r[0] for r in data[i: i + batch]]
-        ids, mask = padded(rows, target.model.embed_tokens.weight.device)
+        rows = data[i: i + batch]
+        ids, mask = padded([r[0] for r in rows], target.model.embed_tokens.weight.device)
         # Right padding: causal, harmless.
         hidden = forward(target, input_ids=ids, attention_mask=mask, hidden=True, scores=False, layers=layers).hidden
-        feats += [hidden[b, : len(r)].float().clone() for b, r in enumerate(rows)]
+        feats += [hidden[b, crop_start(r, max_len): len(r[0])].to(dtype).clone() for b, r in enumerate(rows)]
     return feats
 
 
-def cropped(rows, feats, max_len: int):
-    """Rows and features without the start of any prompt that makes a row longer than
-    ``max_len`` (the answer and the two tokens before it, which predict its first tokens, are
-    always kept): the features were recorded on the whole row, so
-    they still carry the whole prompt; only the drafter's own attention, whose cost grows with
+def crop_start(row, max_len: int | None) -> int:
+    """How many of the row's first tokens ``cropped`` drops: the start of a prompt that makes the
+    row longer than ``max_len``, never the answer or the two tokens before it (they predict its
+    first tokens)."""
+    tokens, start = row[0], row[1]
+    return 0 if max_len is None else max(min(len(tokens) - max_len, start - 2), 0)
+
+
+def cropped(rows, max_len: int):
+    """Rows without the start of any prompt that makes a row longer than ``max_len``; their
+    features come from ``row_features(..., max_len=max_len)``, recorded on the whole row, so
+    they still carry the whole prompt: only the drafter's own attention, whose cost grows with
     the square of the length, sees less of it."""
-    out_rows, out_feats = [], []
-    for (tokens, start, topv, topi), f in zip(rows, feats):
-        cut = max(min(len(tokens) - max_len, start - 2), 0)  # keep the answer and the two tokens before it
-        out_rows.append((tokens[cut:], start - cut, topv, topi))
-        out_feats.append(f[cut:])
-    return out_rows, out_feats
+    out = []
+    for tokens, start, topv, topi in rows:
+        cut = crop_start((tokens, start), max_len)
+        out.append((tokens[cut:], start - cut, topv, topi))
+    return out
 
 
 def padded(rows, device):
@@ -92,7 +101,8 @@ def padded(rows, device):
 
 
 def batch_tensors(rows, feats, index):
-    """Tokens ``[B, L]``, features ``[B, L, H]`` and mask ``[B, L]`` of the rows ``index``."""
+    """Tokens ``[B, L]``, features ``[B, L, H]`` (float32, whatever they are stored as) and mask
+    ``[B, L]`` of the rows ``index``."""
     ids, mask = padded([rows[i][0] for i in index], feats[0].device)
     f = torch.zeros(len(index), ids.shape[1], feats[0].shape[1], device=ids.device)
     for b, i in enumerate(index):
@@ -239,6 +249,11 @@ def main(argv=None):
     parser.add_argument("--device", help="cuda, mps or cpu (default: the best there is)")
     parser.add_argument("--feature-batch", type=int, default=16, help="rows per pass when recording features")
     parser.add_argument("--max-len", type=int, help="train on at most this many positions of a row (its end)")
+    parser.add_argument("--feature-dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="how the features are kept (bfloat16: half the memory, for millions of positions)")
+    parser.add_argument("--target-dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="the target's weights while it records the features (bfloat16: several times faster "
+                        "on a CPU with AVX512-BF16, features near the float32 ones the drafter later reads)")
     parser.add_argument("--out", default="eagle.safetensors")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
@@ -251,14 +266,19 @@ def main(argv=None):
     held = held[: args.eval_rows]
     t0 = time.perf_counter()
     layers = tuple(int(i) for i in args.layers.split(",")) if args.layers else None
-    feats, held_feats = cached(args.features, lambda: (row_features(model, data, args.feature_batch, layers),
-                                                       row_features(model, held, args.feature_batch, layers)))
+    stored = getattr(torch, args.feature_dtype)
+
+    def record():  # a second copy of the target in bfloat16 if asked: rounding the drafter's copy would stay
+        body = model if args.target_dtype == "float32" else ll.load("smollm2-135m", device=args.device,
+                                                                     dtype=getattr(torch, args.target_dtype))[0]
+        return tuple(row_features(body, rows, args.feature_batch, layers, args.max_len, stored) for rows in (data, held))
+
+    feats, held_feats = cached(args.features, record)
     print(f"features of {sum(len(f) for f in feats)} positions ({sum(len(f) for f in held_feats)} held out) "
           f"in {time.perf_counter() - t0:.0f} s")
     feature_seconds = time.perf_counter() - t0
     if args.max_len:
-        data, feats = cropped(data, feats, args.max_len)
-        held, held_feats = cropped(held, held_feats, args.max_len)
+        data, held = cropped(data, args.max_len), cropped(held, args.max_len)
     drafter = FeatureDrafter(model, choose_vocabulary(data, model.config.vocab_size, args.vocab), layers)
     before = accuracy(drafter, held, held_feats)
     print(f"held-out accuracy (first, second guess) before training: {before}")
