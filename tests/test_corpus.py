@@ -9,7 +9,7 @@ import pytest
 import torch
 from test_speculative import tiny_llama
 
-from logitlab.training.corpus import (answer_order, batches, build_prompts, cut_at_stop, extended_prompts,
+from logitlab.training.corpus import (answer_order, batches, build_prompts, cut_at_stop, extended_prompts, kept_rows,
                                       german_prompts, load_tokens, save_tokens, shingles, teacher_forced_rows)
 from logitlab.training.data import generate_with_logits, split_held_out, steps_within
 from logitlab.training.draft import train as train_draft
@@ -156,6 +156,20 @@ def test_a_resumed_corpus_recomputes_the_logits_generation_recorded(tmp_path):
     for (tokens, start, v, i), (t2, s2, v2, i2) in zip(rows, again):
         assert torch.equal(tokens, t2) and start == s2 and torch.equal(i, i2)
         torch.testing.assert_close(v.float(), v2.float(), atol=2e-3, rtol=0)
+
+
+def test_a_resumed_corpus_keeps_the_rows_file_of_its_token_file(tmp_path):
+    model = tiny_llama(2, 0, vocab=12)
+    rows = generate_with_logits(model, [[1, 2, 3], [4, 5]], [0.0, 1.0], 6, 4, torch.Generator().manual_seed(0))
+    save_tokens(rows, [0, 1], tmp_path / "t.npz")
+    torch.save(rows, tmp_path / "rows.pt")
+    _, answers = load_tokens(tmp_path / "t.npz")
+    kept = kept_rows(torch.load(tmp_path / "rows.pt", weights_only=True), answers, "rows.pt")
+    assert all(torch.equal(a[2], b[2]) and torch.equal(a[0], b[0]) for a, b in zip(kept, rows))
+    with pytest.raises(ValueError, match="--resume-rows other.pt does not hold the answers"):
+        kept_rows(rows[:1], answers, "other.pt")
+    with pytest.raises(ValueError, match="2 rows against 2"):
+        kept_rows(rows[::-1], answers, "other.pt")  # the same count, other answers
 
 
 def test_held_out_split_also_splits_prompts_only_the_data_knows():

@@ -17,7 +17,9 @@ answers every prompt twice, greedily and at T = 1, until its end-of-turn token o
 tokens, recording its top-64 logits at every new position (the rows every trainer reads, see
 ``logitlab.training.data``). ``--tokens`` also writes the answers' token ids alone (a few MB),
 from which the rest is recomputed by teacher forcing: ``--resume`` takes such a file, keeps its
-answers and answers only the other prompts, so that a corpus grows over several short GPU runs.
+answers and answers only the other prompts, so that a corpus grows over several short GPU runs
+(``--resume-rows`` keeps the rows file written with it rather than recomputing their logits:
+on a CPU the recomputation costs minutes per million tokens).
 
 A prompts file grows the same way, without moving its prompts (token files name them by index):
 
@@ -237,6 +239,15 @@ def teacher_forced_rows(model, prompts: list[list[int]], answers: list[list[int]
     return rows
 
 
+def kept_rows(rows, answers: list[list[int]], path) -> list:
+    """``rows`` (a rows file written beside a token file) if they hold exactly the token file's
+    ``answers``; a ValueError naming ``path`` if not (a rows file of another run)."""
+    if len(rows) != len(answers) or any(r[0][r[1]:].tolist() != a for r, a in zip(rows, answers)):
+        raise ValueError(f"--resume-rows {path} does not hold the answers of the --resume token file "
+                         f"({len(rows)} rows against {len(answers)}): give the rows file written with it")
+    return rows
+
+
 def save_tokens(rows, sources: list[int], path: Path, **about) -> None:
     """The answers alone, compactly (a few MB for millions of tokens): each row's prompt as an
     index into the prompts file, its temperature, and its new tokens as 16-bit ids."""
@@ -284,6 +295,8 @@ def main(argv=None):
                    "written after every batch (a run cut short keeps them: go on with --resume)")
     g.add_argument("--resume", type=Path, help="a token file made earlier from the same prompts: its answers "
                    "are kept (their logits recomputed in one pass) and their prompts not answered again")
+    g.add_argument("--resume-rows", type=Path, help="with --resume: the rows file (--out) written with that token "
+                   "file, whose logits are then kept instead of recomputed")
     g.add_argument("--first", default="", help="comma-separated sources whose prompts are answered before the rest")
     args = parser.parse_args(argv)
     if args.command == "prompts":
@@ -319,8 +332,12 @@ def answer(args) -> None:
     start, old, old_sources = time.perf_counter(), [], []
     if args.resume:
         old_sources, answers = load_tokens(args.resume)
-        old = teacher_forced_rows(model, [chat(tok, texts[i]) for i in old_sources], answers)
-        print(f"{len(old)} rows of {args.resume} recomputed in {time.perf_counter() - start:.0f} s", flush=True)
+        if args.resume_rows:
+            old = kept_rows(torch.load(args.resume_rows, weights_only=True), answers, args.resume_rows)
+            print(f"{len(old)} rows of {args.resume_rows} kept as they are", flush=True)
+        else:
+            old = teacher_forced_rows(model, [chat(tok, texts[i]) for i in old_sources], answers)
+            print(f"{len(old)} rows of {args.resume} recomputed in {time.perf_counter() - start:.0f} s", flush=True)
     done = set(old_sources)
     todo = answer_order([r["source"] for r in prompt_rows], [i for i in range(len(texts)) if i not in done],
                         [f for f in args.first.split(",") if f])

@@ -271,7 +271,8 @@ def main(argv=None):
     def record():  # a second copy of the target in bfloat16 if asked: rounding the drafter's copy would stay
         body = model if args.target_dtype == "float32" else ll.load("smollm2-135m", device=args.device,
                                                                      dtype=getattr(torch, args.target_dtype))[0]
-        return tuple(row_features(body, rows, args.feature_batch, layers, args.max_len, stored) for rows in (data, held))
+        return tuple(row_features(body, rows, args.feature_batch, layers, args.max_len, stored)
+                     for rows in (data, held))
 
     feats, held_feats = cached(args.features, record)
     print(f"features of {sum(len(f) for f in feats)} positions ({sum(len(f) for f in held_feats)} held out) "
