@@ -482,3 +482,35 @@ def test_the_gpu_bench_runs_its_sections_on_a_small_setting():
     assert "tokens per target pass" in labels[4 + 3]  # PaSS's drafting passes are the target's
     assert gpu.machine(torch.device("cpu"), model)["ll.load"] == "CPU fast path"
     assert gpu.machine(torch.device("cpu"), static)["ll.load"] == "static cache"
+
+
+@pytest.mark.slow
+def test_acceptance_counts_the_trained_drafters_on_the_questions_the_bench_does_not_time(smollm):
+    import logitlab as ll
+    from logitlab import spec_bench
+    from logitlab.bench import acceptance
+    from logitlab.bench.prompts import chat
+    from logitlab.bench.spec_bench import shipped_drafters
+
+    model, tokenizer = smollm
+    prompts = acceptance.dev_prompts(tokenizer, tasks=["translation"], per_task=1)
+    fourth = spec_bench.questions("translation")[3]  # the bench times the first two and calibrates on the third
+    assert torch.equal(prompts["translation"][0], chat(tokenizer, fourth.turns[0]))
+    found = acceptance.acceptance(model, prompts, shipped_drafters(model), new_tokens=8)
+    assert list(found) == ["draft model (gamma=3)", "Medusa heads, tree (3, 2, 1)", "PaSS two-call, k=2",
+                           "EAGLE chain (gamma=3)", "EAGLE tree (top_k=3, 10 nodes, depth 4)"]
+    greedy = ll.generate(model, prompts["translation"][0], max_new_tokens=8, temperature=0, eos_token_id=[])
+    for label, tasks in found.items():
+        tokens, passes, results = tasks["translation"]
+        assert results[0].new_tokens[0].tolist() == greedy.new_tokens[0].tolist(), label  # exact at T = 0
+        assert tokens == 8 and 1 <= passes <= (16 if label.startswith("PaSS") else 8), label
+    lines = acceptance.report(found).splitlines()
+    assert len(lines) == 5 * 3 and lines[0] == "draft model (gamma=3)"
+    assert re.fullmatch(r"  all tasks +[\d.]+ tokens per target pass, (accepted by position [\d.]+(/[\d.]+)*|no "
+                        r"drafts proposed)", lines[2]), lines[2]
+    with pytest.raises(ValueError, match="per_task must be an int between 1 and 7, got 8"):
+        acceptance.dev_prompts(tokenizer, per_task=8)
+    with pytest.raises(ValueError, match="only must be a regular expression"):
+        acceptance.acceptance(model, prompts, {}, only="(")
+    with pytest.raises(ValueError, match="matches none of the drafters"):
+        acceptance.acceptance(model, prompts, shipped_drafters(model), only="no such drafter")

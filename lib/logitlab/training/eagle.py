@@ -227,6 +227,18 @@ def train(drafter, rows, feats, steps: int, lr: float, batch: int = 16, token_we
     return history
 
 
+def recorded_features(model, args, layers, *row_sets) -> tuple:
+    """``row_features`` of each set of rows, as the command line asks: recorded by a second copy of
+    the target in ``--target-dtype`` if that is not float32 (rounding the drafter's own copy would
+    stay), kept as ``--feature-dtype``, cropped to ``--max-len``."""
+    import logitlab as ll
+
+    body = model if args.target_dtype == "float32" else ll.load(
+        "smollm2-135m", device=args.device, dtype=getattr(torch, args.target_dtype))[0]
+    stored = getattr(torch, args.feature_dtype)
+    return tuple(row_features(body, rows, args.feature_batch, layers, args.max_len, stored) for rows in row_sets)
+
+
 def main(argv=None):
     import logitlab as ll
 
@@ -266,15 +278,7 @@ def main(argv=None):
     held = held[: args.eval_rows]
     t0 = time.perf_counter()
     layers = tuple(int(i) for i in args.layers.split(",")) if args.layers else None
-    stored = getattr(torch, args.feature_dtype)
-
-    def record():  # a second copy of the target in bfloat16 if asked: rounding the drafter's copy would stay
-        body = model if args.target_dtype == "float32" else ll.load("smollm2-135m", device=args.device,
-                                                                     dtype=getattr(torch, args.target_dtype))[0]
-        return tuple(row_features(body, rows, args.feature_batch, layers, args.max_len, stored)
-                     for rows in (data, held))
-
-    feats, held_feats = cached(args.features, record)
+    feats, held_feats = cached(args.features, lambda: recorded_features(model, args, layers, data, held))
     print(f"features of {sum(len(f) for f in feats)} positions ({sum(len(f) for f in held_feats)} held out) "
           f"in {time.perf_counter() - t0:.0f} s")
     feature_seconds = time.perf_counter() - t0
