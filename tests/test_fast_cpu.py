@@ -306,3 +306,73 @@ def test_the_fast_path_switches_attention_and_back(fast, stock):
     finally:
         fast_cpu.disable(stock)
         stock.config._attn_implementation = "sdpa"
+
+
+@pytest.mark.parametrize("shape", [(3, 9, 3, 17), (2, 4, 4, 5), (1, 8, 2, 300)])
+@pytest.mark.parametrize("mask_kind", ["bool", "additive", "none"])
+def test_grouped_attention_is_sdpa_to_rounding(shape, mask_kind):
+    batch, heads, kv, length = shape
+    gen = torch.Generator().manual_seed(length)
+    q = torch.randn(batch, heads, 1, 64, generator=gen)
+    k, v = (torch.randn(batch, kv, length, 64, generator=gen) for _ in range(2))
+    seen = torch.rand(batch, 1, 1, length, generator=gen) > 0.3
+    seen[..., -1] = True  # a decode step's row always sees its own token
+    mask = {"bool": seen, "none": None,
+            "additive": torch.zeros(seen.shape).masked_fill(~seen, torch.finfo(torch.float32).min)}[mask_kind]
+    sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else seen, enable_gqa=kv != heads)
+    ours = fast_cpu.grouped_attention(q, k, v, mask)
+    assert ours.shape == (batch, 1, heads, 64) and ours.is_contiguous()
+    torch.testing.assert_close(ours, sdpa.transpose(1, 2), rtol=1e-5, atol=1e-5)
+    # Each query head reads its own group's key/value head: swapping two kv heads changes the result.
+    if kv > 1:
+        assert not torch.allclose(fast_cpu.grouped_attention(q, k.flip(1), v.flip(1), mask), ours)
+
+
+def test_a_decode_step_uses_the_kernel_chosen_for_the_nearest_setting():
+    layer = torch.nn.Module()
+    assert fast_cpu.one_query_kernel(layer, 1, 100) == "sdpa"  # not calibrated
+    layer.logitlab_one_query = {(r, c): f"{r}/{c}" for r in fast_cpu.ONE_QUERY_ROWS for c in fast_cpu.ONE_QUERY_CONTEXT}
+    got = [fast_cpu.one_query_kernel(layer, rows, context) for rows, context in
+           [(1, 100), (2, 100), (8, 300), (9, 400), (64, 5000), (500, 129)]]
+    assert got == ["1/128", "8/128", "8/128", "64/1024", "64/1024", "64/128"]
+
+
+def test_one_query_attention_is_chosen_by_measurement_and_remembered(monkeypatch, tmp_path, fast):
+    model, tokenizer = fast
+    measured = []
+
+    def times(shape, dtype, rounds):  # "grouped" faster only with 8 rows or more
+        measured.append((shape, dtype))
+        return {(r, c): {"sdpa": 1.0, "grouped": 0.5 if r >= 8 else 2.0} for r, c in fast_cpu._one_query_settings()}
+
+    monkeypatch.setattr(fast_cpu, "_one_query_times", times)
+    monkeypatch.setattr(fast_cpu, "_ONE_QUERY_MEASURED", {})  # not what this process measured before
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    file = fast_cpu.remembered_choice(tmp_path, linears)
+    first = fast_cpu.one_query_choice(model, torch.float32, 1, file)
+    assert measured == [([9, 3, 64], torch.float32)]
+    assert first == {(r, c): "grouped" if r >= 8 else "sdpa" for r, c in fast_cpu._one_query_settings()}
+    assert fast_cpu.one_query_choice(model, torch.float32, 1, file) == first and len(measured) == 1  # read back
+    assert fast_cpu.one_query_choice(model, torch.float32, 1, None) == first and len(measured) == 1  # this process's
+    file.with_name(file.name.replace("choice-", "attention-")).write_text('{"shape": [9, 3, 64], "choice": 3}')
+    monkeypatch.setattr(fast_cpu, "_ONE_QUERY_MEASURED", {})
+    assert fast_cpu.one_query_choice(model, torch.float32, 1, file) == first and len(measured) == 2  # damaged
+    layers = [m for m in model.modules() if hasattr(m, "logitlab_one_query")]
+    assert len(layers) == 30  # ll.load's enable gave every attention layer its choice
+
+
+def test_grouped_decode_steps_give_the_same_tokens(fast):
+    model, tokenizer = fast
+    prompts = [ll.chat_ids(tokenizer, "Name three rivers."), ll.chat_ids(tokenizer, "Why is the sky blue? Be brief.")]
+    layers = [m for m in model.modules() if hasattr(m, "logitlab_one_query")]
+    kept = [m.logitlab_one_query for m in layers]
+    out = {}
+    try:
+        for kernel in fast_cpu.ONE_QUERY_KERNELS:  # padding in the batch: the mask matters
+            for m in layers:
+                m.logitlab_one_query = {key: kernel for key in kept[0]}
+            out[kernel] = ll.generate(model, prompts, max_new_tokens=40, temperature=0, eos_token_id=[])
+    finally:
+        for m, choice in zip(layers, kept):
+            m.logitlab_one_query = choice
+    assert [t.tolist() for t in out["grouped"].new_tokens] == [t.tolist() for t in out["sdpa"].new_tokens]

@@ -29,9 +29,17 @@ Mac is left alone (their kernels do this already), and so is any forward that re
 (training). Only the order of the additions inside each dot product changes, so the logits
 agree with the plain forward to float rounding (the tests check the same greedy tokens over long
 generations).
-Attention gets one change too (:func:`gqa_attention`): SmolLM2 has 9 query heads sharing 3
+Attention gets two changes (:func:`gqa_attention`). SmolLM2 has 9 query heads sharing 3
 key/value heads, and for a pass over several tokens Hugging Face's attention copies every
-key/value head three times before SDPA; SDPA can read them in place (``enable_gqa``).
+key/value head three times before SDPA; SDPA can read them in place (``enable_gqa``). And a
+pass over one token per row (a decode step) can instead compute its attention as two batched
+products, each key/value head with its group of queries (:func:`grouped_attention`): in
+bfloat16, SDPA's CPU kernel took several times as long as that on the book's CPU for a batch of
+rows (a batched generation's steps), while in float32, or for one row and a short context, SDPA
+was as fast or faster. So :func:`enable` times both for the model's heads and dtype at a few
+batch sizes and context lengths (``ONE_QUERY_ROWS`` x ``ONE_QUERY_CONTEXT``, a fraction of a
+second) and each decode step uses the choice made for the nearest calibrated setting; it is
+remembered beside the products' choice.
 
 Switch it off with ``ll.load(..., fast=False)``, the environment variable
 ``LOGITLAB_FAST_CPU=0``, or :func:`disable`.
@@ -42,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import platform
 import statistics
@@ -57,6 +66,10 @@ ROWS = (1, 2, 4, 8, 16, 32, 64)  # the calibrated row counts
 BUCKET = [None] + [next(r for r in ROWS if r >= n) for n in range(1, ROWS[-1] + 1)]
 KERNELS = ("linear", "turned", "packed")
 ATTENTION = "logitlab_gqa"  # the name :func:`gqa_attention` is registered under in transformers
+ONE_QUERY_ROWS = (1, 8, 64)  # batch sizes at which a one-token pass's attention is timed
+ONE_QUERY_CONTEXT = (128, 1024)  # the keys it attends to
+ONE_QUERY_KERNELS = ("sdpa", "grouped")
+_ONE_QUERY_MEASURED: dict = {}  # (shape, dtype, threads) -> choice, measured once per process
 
 
 def wanted(device) -> bool:
@@ -97,6 +110,10 @@ def enable(model, rounds: int = 2, remember: str | Path | None = None) -> dict:
     if _attention(model) == "sdpa":
         _register_attention()
         model.config._attn_implementation = ATTENTION
+        one_query = one_query_choice(model, linears[0].weight.dtype, rounds, file)
+        for layer in model.modules():
+            if hasattr(layer, "num_key_value_groups"):  # Hugging Face's attention layers
+                layer.logitlab_one_query = one_query
     model.logitlab_fast_cpu = choice
     return choice
 
@@ -104,7 +121,7 @@ def enable(model, rounds: int = 2, remember: str | Path | None = None) -> dict:
 def disable(model) -> None:
     """Give every ``nn.Linear`` of ``model`` back its own forward (and drop packed copies)."""
     for layer in model.modules():
-        for name in ("forward", "logitlab_kernels", "logitlab_packed"):
+        for name in ("forward", "logitlab_kernels", "logitlab_packed", "logitlab_one_query"):
             vars(layer).pop(name, None)
     if _attention(model) == ATTENTION:
         model.config._attn_implementation = "sdpa"
@@ -128,12 +145,97 @@ def gqa_attention(module, query, key, value, attention_mask, dropout=0.0, scalin
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     n = query.shape[2]
+    if n == 1 and one_query_kernel(module, query.shape[0], key.shape[2]) == "grouped" and (
+            attention_mask is None or attention_mask.shape[1] == 1):
+        return grouped_attention(query, key, value, attention_mask, scaling), None
     # SDPA's causal rule is aligned top-left: query i sees keys 0..i. Hugging Face passes no mask
     # only where that is right (a prefill; with a longer static cache the later keys are unseen).
     causal = (getattr(module, "is_causal", True) if is_causal is None else is_causal) and n > 1 and attention_mask is None
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
                                          scale=scaling, is_causal=causal, enable_gqa=query.shape[1] != key.shape[1])
     return out.transpose(1, 2).contiguous(), None
+
+
+def grouped_attention(query, key, value, mask=None, scaling=None) -> torch.Tensor:
+    """Attention for ``query`` ``[B, heads, n, d]`` over ``key``/``value`` ``[B, kv_heads, L, d]``
+    as two batched products, each key/value head with the ``heads / kv_heads`` query heads that
+    share it (Hugging Face's order: query head h reads key/value head h // group); ``mask``
+    ``[B, 1, n, L]``, True (or 0) where a key is seen, False (or -inf) where not. Scores and
+    softmax in float32. Returns ``[B, n, heads, d]``, as the attention functions of transformers do."""
+    batch, heads, n, dim = query.shape
+    kv = key.shape[1]
+    q = query.reshape(batch, kv, heads // kv * n, dim)
+    scale = dim ** -0.5 if scaling is None else scaling
+    scores = (q @ key.transpose(-1, -2)).float().mul_(scale).view(batch, kv, heads // kv, n, -1)
+    if mask is not None:
+        mask = mask[:, :, None]  # [B, 1, 1, n, L]: every group of every key/value head
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
+    weights = torch.softmax(scores, dim=-1).to(value.dtype).view(batch, kv, heads // kv * n, -1)
+    return (weights @ value).view(batch, heads, n, dim).transpose(1, 2).contiguous()
+
+
+def one_query_kernel(module, rows: int, context: int) -> str:
+    """The attention kernel ``enable`` chose for a one-token pass over ``rows`` rows and
+    ``context`` keys: the choice at the next calibrated batch size up (the largest beyond it) and
+    the calibrated context nearest by ratio; ``"sdpa"`` for a module it did not calibrate."""
+    choice = getattr(module, "logitlab_one_query", None)
+    if not choice:
+        return "sdpa"
+    near = min(ONE_QUERY_CONTEXT, key=lambda c: abs(math.log(context / c)))
+    return choice[(next((r for r in ONE_QUERY_ROWS if r >= rows), ONE_QUERY_ROWS[-1]), near)]
+
+
+def one_query_choice(model, dtype, rounds: int, file: Path | None) -> dict:
+    """``{(rows, context): kernel}`` for the model's attention shape in ``dtype``: read from the
+    file beside the products' choice (``file``) if it was saved there for this shape, else
+    measured (both kernels in turn, medians) and saved there."""
+    config = model.config
+    heads = getattr(config, "num_attention_heads", None)
+    if not heads:
+        return {}  # not a transformer whose heads it can read: SDPA everywhere
+    shape = [heads, getattr(config, "num_key_value_heads", None) or heads,
+             getattr(config, "head_dim", None) or config.hidden_size // heads]
+    saved = None if file is None else file.with_name(file.name.replace("choice-", "attention-"))
+    with contextlib.suppress(OSError, ValueError, AttributeError, TypeError, KeyError):
+        found = json.loads(saved.read_text())
+        choice = {(int(r), int(c)): k for r, c, k in found["choice"]}
+        if found["shape"] == shape and set(choice) == set(_one_query_settings()) and set(
+                choice.values()) <= set(ONE_QUERY_KERNELS):
+            return choice
+    key = (tuple(shape), str(dtype), torch.get_num_threads())
+    if key not in _ONE_QUERY_MEASURED:  # a drafter built on its target's shape reuses the target's measurement
+        _ONE_QUERY_MEASURED[key] = {setting: min(ONE_QUERY_KERNELS, key=lambda k: seconds[k])
+                                    for setting, seconds in _one_query_times(shape, dtype, rounds).items()}
+    choice = dict(_ONE_QUERY_MEASURED[key])
+    if saved is not None:
+        _write_text(saved, json.dumps({"shape": shape, "choice": [[r, c, k] for (r, c), k in choice.items()]}))
+    return choice
+
+
+def _one_query_settings():
+    return [(rows, context) for rows in ONE_QUERY_ROWS for context in ONE_QUERY_CONTEXT]
+
+
+def _one_query_times(shape, dtype, rounds: int) -> dict:
+    """``{(rows, context): {kernel: seconds}}``: the median time of one layer's attention for a
+    one-token pass, each kernel in turn."""
+    heads, kv, dim = shape
+    times = {}
+    for rows, context in _one_query_settings():
+        q = torch.randn(rows, heads, 1, dim, dtype=dtype)
+        k, v = (torch.randn(rows, kv, context, dim, dtype=dtype) for _ in range(2))
+        mask = torch.ones(rows, 1, 1, context, dtype=torch.bool)
+        kernels = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=kv != heads),
+                   "grouped": lambda: grouped_attention(q, k, v, mask)}
+        spent = {name: [] for name in kernels}
+        for r in range(2 * rounds + 2):  # the first round of each warms up
+            for name, run in kernels.items():
+                start = time.perf_counter()
+                run()
+                if r > 1:
+                    spent[name].append(time.perf_counter() - start)
+        times[rows, context] = {name: statistics.median(ts) for name, ts in spent.items()}
+    return times
 
 
 def _attention(model):
@@ -234,7 +336,10 @@ def _read_choice(file: Path, linears) -> dict | None:
 def _write_choice(file: Path, choice: dict) -> None:
     """Save ``choice`` atomically (two processes loading at once each write a whole file). A
     folder that cannot be written only costs the next load a new measurement."""
-    text = json.dumps({f"{out}x{in_}": per_rows for (out, in_), per_rows in choice.items()}, indent=1)
+    _write_text(file, json.dumps({f"{out}x{in_}": per_rows for (out, in_), per_rows in choice.items()}, indent=1))
+
+
+def _write_text(file: Path, text: str) -> None:
     with contextlib.suppress(OSError):
         file.parent.mkdir(parents=True, exist_ok=True)
         partial = file.with_name(f"{file.name}.{os.getpid()}.tmp")

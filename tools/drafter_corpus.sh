@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The drafters' training corpus (issue 41), from nothing, in one command:
+#
+#   tools/drafter_corpus.sh DIR [SECONDS]
+#
+# 1. the public sources, at the commits the corpus was first made from (git; Debian's debian-handbook
+#    for the German translation prompts, installed with apt-get where it is missing);
+# 2. the prompts file DIR/prompts.jsonl.xz (python -m logitlab.training.corpus prompts), without
+#    any prompt that shares 12 words with a Spec-Bench question;
+# 3. SECONDS (default 3600) of the target answering them, greedily and at T = 1, in bfloat16
+#    (python -m logitlab.training.corpus generate): DIR/runN.pt (the rows every trainer reads,
+#    with the target's top-64 logits) and DIR/runN.npz (the answers alone).
+#
+# Steps 1 and 2 run only where DIR has no prompts file yet. Run it again to grow the corpus: a
+# later run keeps the last run's rows and answers only the prompts not yet answered. A run
+# stopped early keeps its answers in runN.npz (written after every batch); give that file to
+# --resume by hand (its logits are then recomputed).
+# Sources and licences: logitlab.training.corpus.SOURCES.
+set -euo pipefail
+DIR=${1:?usage: tools/drafter_corpus.sh DIR [SECONDS]}
+SECONDS_BUDGET=${2:-3600}
+PY=${PYTHON:-python}
+mkdir -p "$DIR"
+cd "$DIR"
+
+if [ ! -f prompts.jsonl.xz ]; then
+    fetch() {  # repository, commit, folder
+        [ -d "src/$3" ] && return
+        git clone -q "https://github.com/$1" "src/$3"
+        git -C "src/$3" checkout -q "$2"
+    }
+    fetch yizhongw/self-instruct 0b26ccaa415992100fa32df62d41b994cf928e23 self-instruct
+    fetch openai/grade-school-math 3101c7d5072418e28b9008a6636bde82a006892c grade-school-math
+    fetch hemingkx/Spec-Bench fd2c1cd7d2201ef71db4c5f4e455008f017967bf Spec-Bench
+    HANDBOOK=/usr/share/doc/debian-handbook/html/de-DE
+    [ -d "$HANDBOOK" ] || apt-get install -y -q debian-handbook
+    EXCLUDE=src/Spec-Bench/data/spec_bench/question.jsonl
+    "$PY" -m logitlab.training.corpus prompts --exclude "$EXCLUDE" --out base.jsonl.xz \
+        --t0 src/self-instruct/data/finetuning/t0_train_50k/data_per_template \
+        --gsm8k src/grade-school-math/grade_school_math/data/train.jsonl --self-instruct src/self-instruct
+    "$PY" -m logitlab.training.corpus prompts --extend base.jsonl.xz --german "$HANDBOOK" \
+        --exclude "$EXCLUDE" --out prompts.jsonl.xz
+fi
+
+last=$(ls run*.pt 2>/dev/null | sed 's/run\([0-9]*\)\.pt/\1/' | sort -n | tail -1)
+next=$(( ${last:-0} + 1 ))
+resume=()
+[ -n "$last" ] && resume=(--resume "run$last.npz" --resume-rows "run$last.pt")
+"$PY" -m logitlab.training.corpus generate --prompts prompts.jsonl.xz --seconds "$SECONDS_BUDGET" \
+    --batch 128 --dtype bfloat16 --out "run$next.pt" --tokens "run$next.npz" "${resume[@]}"
