@@ -35,8 +35,8 @@ key/value head three times before SDPA; SDPA can read them in place (``enable_gq
 pass over one token per row (a decode step) can instead compute its attention as two batched
 products, each key/value head with its group of queries (:func:`grouped_attention`): in
 bfloat16, SDPA's CPU kernel took several times as long as that on the book's CPU for a batch of
-rows (a batched generation's steps), while in float32, or for one row and a short context, SDPA
-was as fast or faster. So :func:`enable` times both for the model's heads and dtype at a few
+rows (a batched generation's steps), while for one row and a short context SDPA was faster, and
+in float32 the winner changed with the batch and the context. So :func:`enable` times both for the model's heads and dtype at a few
 batch sizes and context lengths (``ONE_QUERY_ROWS`` x ``ONE_QUERY_CONTEXT``, a fraction of a
 second) and each decode step uses the choice made for the nearest calibrated setting; it is
 remembered beside the products' choice.
