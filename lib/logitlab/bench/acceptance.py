@@ -74,13 +74,14 @@ def report(found: dict) -> str:
     """One line per drafter and task, and one over all tasks: tokens per target pass and the
     acceptance by draft position."""
     lines = []
+    width = max(len(task) for tasks in found.values() for task in [*tasks, "all tasks"])
     for label, tasks in found.items():
         lines.append(label)
         for task, (tokens, passes, results) in tasks.items():
-            lines.append(f"  {task:<28} {tokens / passes:.2f} tokens per target pass{by_position(results)}")
+            lines.append(f"  {task:<{width}} {tokens / passes:.2f} tokens per target pass{by_position(results)}")
         tokens, passes = (sum(t[i] for t in tasks.values()) for i in (0, 1))
         every = [r for *_, results in tasks.values() for r in results]
-        lines.append(f"  {'all tasks':<28} {tokens / passes:.2f} tokens per target pass{by_position(every)}")
+        lines.append(f"  {'all tasks':<{width}} {tokens / passes:.2f} tokens per target pass{by_position(every)}")
     return "\n".join(lines)
 
 

@@ -14,8 +14,9 @@ steps, each one command:
 the corpus each time it is run again. The first reads the public sources below (download them
 from the addresses in ``SOURCES``) and drops every prompt that shares a run of 12 words with a
 Spec-Bench question (``--exclude``: the prompts the drafters are measured on). The second
-finishes in minutes on a GPU; a CPU with AVX512-BF16 makes about 250 tokens a second of it in
-bfloat16 (the book's two cores, batches of 128 rows), nearly a million tokens an hour. The target
+finishes in minutes on a GPU; on a CPU with AVX512-BF16, in bfloat16, it made 256 tokens a
+second over a 47-minute run (the book's two cores, batches of 128 rows; batches of short prompts
+ran at 400 to 500, those of the longest prompts far slower). The target
 answers every prompt twice, greedily and at T = 1, until its end-of-turn token or ``--max-new``
 tokens, recording its top-64 logits at every new position (the rows every trainer reads, see
 ``logitlab.training.data``). ``--tokens`` also writes the answers' token ids alone (a few MB),
