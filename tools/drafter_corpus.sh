@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The drafters' training corpus (issue 41), from nothing, in one command:
 #
-#   tools/drafter_corpus.sh DIR [SECONDS]
+#   tools/drafter_corpus.sh DIR [SECONDS [MORE...]]
 #
 # 1. the public sources, at the commits the corpus was first made from (git; Debian's debian-handbook
 #    for the German translation prompts, installed with apt-get where it is missing);
@@ -9,7 +9,8 @@
 #    any prompt that shares 12 words with a Spec-Bench question;
 # 3. SECONDS (default 3600) of the target answering them, greedily and at T = 1, in bfloat16
 #    (python -m logitlab.training.corpus generate): DIR/runN.pt (the rows every trainer reads,
-#    with the target's top-64 logits) and DIR/runN.npz (the answers alone).
+#    with the target's top-64 logits) and DIR/runN.npz (the answers alone). MORE goes to
+#    `generate` as it is, e.g. `--first german` to answer the translation prompts next.
 #
 # Steps 1 and 2 run only where DIR has no prompts file yet. Run it again to grow the corpus: a
 # later run keeps the last run's rows and answers only the prompts not yet answered. A run
@@ -17,7 +18,7 @@
 # --resume by hand (its logits are then recomputed).
 # Sources and licences: logitlab.training.corpus.SOURCES.
 set -euo pipefail
-DIR=${1:?usage: tools/drafter_corpus.sh DIR [SECONDS]}
+DIR=${1:?usage: tools/drafter_corpus.sh DIR [SECONDS [MORE...]]}
 SECONDS_BUDGET=${2:-3600}
 PY=${PYTHON:-python}
 mkdir -p "$DIR"
@@ -47,4 +48,4 @@ next=$(( ${last:-0} + 1 ))
 resume=()
 [ -n "$last" ] && resume=(--resume "run$last.npz" --resume-rows "run$last.pt")
 "$PY" -m logitlab.training.corpus generate --prompts prompts.jsonl.xz --seconds "$SECONDS_BUDGET" \
-    --batch 128 --dtype bfloat16 --out "run$next.pt" --tokens "run$next.npz" "${resume[@]}"
+    --batch 128 --dtype bfloat16 --out "run$next.pt" --tokens "run$next.npz" "${resume[@]}" "${@:3}"
