@@ -239,9 +239,8 @@ def recorded_features(model, args, layers, *row_sets) -> tuple:
     return tuple(row_features(body, rows, args.feature_batch, layers, args.max_len, stored) for rows in row_sets)
 
 
-def main(argv=None):
-    import logitlab as ll
-
+def arguments(argv=None) -> argparse.Namespace:
+    """The command line: the recipe, the data and where the drafter goes."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=1200)
     parser.add_argument("--lr", type=float, default=5e-4)
@@ -255,6 +254,7 @@ def main(argv=None):
     parser.add_argument("--data", help="the generated data as a torch file (reused if it exists)")
     parser.add_argument("--features", help="cache the target's features in this torch file")
     parser.add_argument("--held-out-every", type=int, default=7)
+    parser.add_argument("--train-rows", type=int, help="train on a seeded sample of this many rows (default all)")
     parser.add_argument("--eval-rows", type=int, help="measure the held-out accuracy on this many rows (default all)")
     parser.add_argument("--log-every", type=int, default=200, help="steps between held-out measurements")
     parser.add_argument("--seconds", type=float, help="time budget for training (fewer steps if needed)")
@@ -267,7 +267,13 @@ def main(argv=None):
                         help="the target's weights while it records the features (bfloat16: several times faster "
                         "on a CPU with AVX512-BF16, features near the float32 ones the drafter later reads)")
     parser.add_argument("--out", default="eagle.safetensors")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    import logitlab as ll
+
+    args = arguments(argv)
     torch.manual_seed(0)
 
     start = time.perf_counter()
@@ -276,6 +282,8 @@ def main(argv=None):
     data = load_or_make_data(model, tok, args.data, args.gen_seconds, prompts=prompts)
     data, held = split_held_out(data, prompts, args.held_out_every)
     held = held[: args.eval_rows]
+    if args.train_rows is not None and args.train_rows < len(data):  # a seeded sample, for short ablations
+        data = [data[i] for i in sorted(random.Random(0).sample(range(len(data)), args.train_rows))]
     t0 = time.perf_counter()
     layers = tuple(int(i) for i in args.layers.split(",")) if args.layers else None
     feats, held_feats = cached(args.features, lambda: recorded_features(model, args, layers, data, held))
