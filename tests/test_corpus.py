@@ -3,6 +3,7 @@ relies on: prompts gathered without the benchmark's, batches, rows cut at the en
 the compact token file, the held-out split by prompt, and a training time budget."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,7 +11,8 @@ import torch
 from test_speculative import tiny_llama
 
 from logitlab.training.corpus import (answer_order, batches, build_prompts, cut_at_stop, extended_prompts, kept_rows,
-                                      german_prompts, load_tokens, save_tokens, shingles, teacher_forced_rows)
+                                      german_prompts, load_token_files, load_tokens, save_tokens, shingles,
+                                      teacher_forced_rows)
 from logitlab.training.data import generate_with_logits, split_held_out, steps_within
 from logitlab.training.draft import train as train_draft
 from logitlab.training.medusa import training_tensors
@@ -158,6 +160,17 @@ def test_a_resumed_corpus_recomputes_the_logits_generation_recorded(tmp_path):
         torch.testing.assert_close(v.float(), v2.float(), atol=2e-3, rtol=0)
 
 
+def test_a_corpus_grown_over_runs_reads_its_token_files_in_order(tmp_path):
+    rows = [(torch.tensor([5, 6, 7]), 2, None, None), (torch.tensor([5, 8]), 1, None, None),
+            (torch.tensor([9, 9, 10, 11]), 2, None, None), (torch.tensor([9, 12]), 1, None, None)]
+    save_tokens(rows[:2], [4, 4], tmp_path / "a.npz")
+    save_tokens(rows[2:], [0, 0], tmp_path / "b.npz")
+    sources, answers = load_token_files([tmp_path / "a.npz", tmp_path / "b.npz"])
+    assert sources == [4, 4, 0, 0] and answers == [[7], [8], [10, 11], [12]]
+    with pytest.raises(ValueError, match="--resume .*a.npz answers prompts an earlier --resume file answers"):
+        load_token_files([tmp_path / "a.npz", tmp_path / "a.npz"])
+
+
 def test_a_resumed_corpus_keeps_the_rows_file_of_its_token_file(tmp_path):
     model = tiny_llama(2, 0, vocab=12)
     rows = generate_with_logits(model, [[1, 2, 3], [4, 5]], [0.0, 1.0], 6, 4, torch.Generator().manual_seed(0))
@@ -205,3 +218,21 @@ def test_medusa_targets_skip_rows_shorter_than_the_heads():
     rows = [(torch.arange(6), 4, torch.zeros(2, 3), torch.zeros(2, 3, dtype=torch.int32))]
     hidden, sub, probs, target = training_tensors(rows, [torch.zeros(2, 4)], torch.arange(8), 8, num_heads=4)
     assert target.tolist() == [[1, -1], [-1, -1], [-1, -1], [-1, -1]]
+
+
+SHIPPED = sorted((Path(__file__).parent.parent / "corpus").glob("*.npz"))
+
+
+@pytest.mark.skipif(not SHIPPED, reason="the repository ships no corpus token file")
+def test_the_shipped_corpus_answers_each_prompt_once_greedily_and_at_t1():
+    """corpus/*.npz: what the drafters trained on, read as a trainer reads it (corpus/README.md)."""
+    sources, answers = load_token_files(SHIPPED)  # also: no prompt answered in two files
+    assert len(sources) == len(answers) > 0 and len(sources) % 2 == 0
+    assert sources[::2] == sources[1::2] and len(set(sources)) == len(sources) // 2  # a pair per prompt
+    assert 0 <= min(sources) and max(sources) < 26068  # indices into the prompts file README.md names
+    assert all(1 <= len(a) <= 256 for a in answers)  # cut at the end of turn, or at --max-new
+    assert max(max(a) for a in answers) < 49152  # SmolLM2's vocabulary
+    im_end = 2  # <|im_end|>: most answers end their turn
+    assert sum(a[-1] == im_end for a in answers) > len(answers) / 2
+    for path in SHIPPED:
+        assert np.load(path)["temperature"].tolist()[:4] == [0.0, 1.0, 0.0, 1.0]

@@ -43,6 +43,18 @@ def trained():
     return target, drafter, rows, feats, before, losses
 
 
+def test_mixed_precision_training_teaches_it_as_well(trained):
+    target, _, rows, feats, before, float32_losses = trained
+    drafter = FeatureDrafter(target)
+    losses = train(drafter, rows, feats, steps=150, lr=3e-3, batch=16, unroll=2, progress=False,
+                   autocast=torch.bfloat16)
+    after = accuracy(drafter, rows, feats)
+    assert after[0] > max(0.85, before[0] + 0.15) and after[1] > 0.8, (before, after)
+    assert sum(losses[-10:]) < 0.7 * sum(losses[:10])
+    assert drafter.fc.weight.dtype == torch.float32  # the weights stay float32
+    assert losses[0] != float32_losses[0]  # the same first step, in another precision
+
+
 def test_training_teaches_the_drafter_the_target_and_saves_what_it_learnt(trained, tmp_path):
     target, drafter, rows, feats, before, losses = trained
     after = accuracy(drafter, rows, feats)

@@ -8,14 +8,16 @@
 # 2. the prompts file DIR/prompts.jsonl.xz (python -m logitlab.training.corpus prompts), without
 #    any prompt that shares 12 words with a Spec-Bench question;
 # 3. SECONDS (default 3600) of the target answering them, greedily and at T = 1, in bfloat16
-#    (python -m logitlab.training.corpus generate): DIR/runN.pt (the rows every trainer reads,
-#    with the target's top-64 logits) and DIR/runN.npz (the answers alone). MORE goes to
-#    `generate` as it is, e.g. `--first german` to answer the translation prompts next.
+#    (python -m logitlab.training.corpus generate), after the answers already made: the token
+#    files in the repository's corpus/ folder and DIR's earlier runs. It writes DIR/runN.pt (the
+#    rows every trainer reads, all answers so far with the target's top-64 logits) and
+#    DIR/runN.npz (this run's answers alone, token ids: move it into corpus/ to ship it). MORE goes
+#    to `generate` as it is, e.g. `--first german` to answer the translation prompts next.
 #
-# Steps 1 and 2 run only where DIR has no prompts file yet. Run it again to grow the corpus: a
-# later run keeps the last run's rows and answers only the prompts not yet answered. A run
-# stopped early keeps its answers in runN.npz (written after every batch); give that file to
-# --resume by hand (its logits are then recomputed).
+# Steps 1 and 2 run only where DIR has no prompts file yet (clone the sources into DIR/src
+# beforehand where github.com cannot be reached). Run it again to grow the corpus. A run stopped
+# early keeps its answers in runN.npz (written after every batch); the next run resumes from it
+# and recomputes the logits its rows file lacks. `SECONDS` of 0 only rebuilds the rows file.
 # Sources and licences: logitlab.training.corpus.SOURCES.
 set -euo pipefail
 DIR=${1:?usage: tools/drafter_corpus.sh DIR [SECONDS [MORE...]]}
@@ -43,9 +45,15 @@ if [ ! -f prompts.jsonl.xz ]; then
         --exclude "$EXCLUDE" --out prompts.jsonl.xz
 fi
 
-last=$(ls run*.pt 2>/dev/null | sed 's/run\([0-9]*\)\.pt/\1/' | sort -n | tail -1)
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+last=$(ls run*.npz 2>/dev/null | sed 's/run\([0-9]*\)\.npz/\1/' | sort -n | tail -1)
 next=$(( ${last:-0} + 1 ))
+made=()  # the answers already made, in the order every rows file lists them
+for f in "$REPO"/corpus/*.npz; do [ -f "$f" ] && made+=("$f"); done
+for n in $(seq 1 "${last:-0}"); do [ -f "run$n.npz" ] && made+=("run$n.npz"); done
 resume=()
-[ -n "$last" ] && resume=(--resume "run$last.npz" --resume-rows "run$last.pt")
+[ ${#made[@]} -gt 0 ] && resume=(--resume "${made[@]}")
+# The last rows file holds every answer made before it: its logits need no recomputing.
+[ -n "$last" ] && [ -f "run$last.pt" ] && resume+=(--resume-rows "run$last.pt")
 "$PY" -m logitlab.training.corpus generate --prompts prompts.jsonl.xz --seconds "$SECONDS_BUDGET" \
     --batch 128 --dtype bfloat16 --out "run$next.pt" --tokens "run$next.npz" "${resume[@]}" "${@:3}"

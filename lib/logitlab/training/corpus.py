@@ -8,7 +8,7 @@ steps, each one command:
     python -m logitlab.training.corpus prompts --t0 T0_DIR --gsm8k train.jsonl \\
         --self-instruct SELF_INSTRUCT_DIR --exclude question.jsonl --out prompts.jsonl.xz
     python -m logitlab.training.corpus generate --prompts prompts.jsonl.xz --seconds 1800 \\
-        --out corpus.pt --tokens corpus_tokens.pt
+        --out corpus.pt --tokens answers.npz
 
 ``tools/drafter_corpus.sh DIR`` runs both, fetching the sources at recorded commits, and grows
 the corpus each time it is run again. The first reads the public sources below (download them
@@ -19,11 +19,13 @@ second over a 47-minute run (the book's two cores, batches of 128 rows; batches 
 ran at 400 to 500, those of the longest prompts far slower). The target
 answers every prompt twice, greedily and at T = 1, until its end-of-turn token or ``--max-new``
 tokens, recording its top-64 logits at every new position (the rows every trainer reads, see
-``logitlab.training.data``). ``--tokens`` also writes the answers' token ids alone (a few MB),
-from which the rest is recomputed by teacher forcing: ``--resume`` takes such a file, keeps its
-answers and answers only the other prompts, so that a corpus grows over several short GPU runs
-(``--resume-rows`` keeps the rows file written with it rather than recomputing their logits:
-on a CPU the recomputation costs minutes per million tokens).
+``logitlab.training.data``). ``--tokens`` also writes the run's answers as token ids alone (a few
+MB per million tokens), from which the rest is recomputed by teacher forcing: ``--resume`` takes
+such files, keeps their answers and answers only the other prompts, so that a corpus grows over
+several runs, each adding one token file (``--resume-rows`` keeps the rows file written with them
+rather than recomputing their logits: on a CPU the recomputation costs minutes per million
+tokens). The repository's ``corpus/`` folder holds the token files of the shipped drafters'
+corpus; ``generate --seconds 0 --resume corpus/*.npz --out rows.pt`` rebuilds its rows.
 
 A prompts file grows the same way, without moving its prompts (token files name them by index):
 
@@ -223,23 +225,39 @@ def load_tokens(path: Path) -> tuple[list[int], list[list[int]]]:
     return z["prompt"].tolist(), [new[e - n: e].tolist() for e, n in zip(ends, lengths)]
 
 
+def load_token_files(paths: list[Path]) -> tuple[list[int], list[list[int]]]:
+    """Several token files' rows, one after the other (a corpus grown over several runs), with a
+    ValueError if two of them answer the same prompt (the same run given twice)."""
+    sources, answers = [], []
+    for path in paths:
+        s, a = load_tokens(path)
+        if set(s) & set(sources):
+            raise ValueError(f"--resume {path} answers prompts an earlier --resume file answers: "
+                             "give each run's token file once")
+        sources, answers = sources + s, answers + a
+    return sources, answers
+
+
 @torch.inference_mode()
 def teacher_forced_rows(model, prompts: list[list[int]], answers: list[list[int]], k: int = 64, batch: int = 64):
     """Rows ``(tokens, new_from, topv, topi)`` for answers made earlier (a token file): one pass over
     each prompt and answer records the target's top-``k`` logits at the positions that predict the
-    answer, which generating it recorded as it went. Right padding: causal, so harmless."""
-    device, rows = model_device(model), []
-    for b in range(0, len(prompts), batch):
-        seqs = [p + a for p, a in zip(prompts[b: b + batch], answers[b: b + batch])]
+    answer, which generating it recorded as it went. Batches of rows of near-equal length (sorted,
+    then put back in order) waste little on right padding, which is causal, so harmless."""
+    device, rows = model_device(model), [None] * len(prompts)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(answers[i]))
+    for b in range(0, len(order), batch):
+        index = order[b: b + batch]
+        seqs = [prompts[i] + answers[i] for i in index]
         ids = torch.zeros(len(seqs), max(map(len, seqs)), dtype=torch.long, device=device)
         mask = torch.zeros_like(ids)
         for j, s in enumerate(seqs):
             ids[j, : len(s)], mask[j, : len(s)] = torch.tensor(s, device=device), 1
         hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
-        for j, s in enumerate(seqs):
-            start = len(prompts[b + j])
-            v, i = model.lm_head(hidden[j, start - 1: len(s) - 1]).float().topk(k, dim=-1)
-            rows.append((torch.tensor(s), start, v.half().cpu(), i.int().cpu()))
+        for j, (i, s) in enumerate(zip(index, seqs)):
+            start = len(prompts[i])
+            v, top = model.lm_head(hidden[j, start - 1: len(s) - 1]).float().topk(k, dim=-1)
+            rows[i] = (torch.tensor(s), start, v.half().cpu(), top.int().cpu())
     return rows
 
 
@@ -295,12 +313,13 @@ def main(argv=None):
                    help="the target's weights while answering (bfloat16: faster on a GPU, near-equal answers)")
     g.add_argument("--device", help="cuda, mps or cpu (default: the best there is)")
     g.add_argument("--out", type=Path, required=True, help="the rows, as a torch file")
-    g.add_argument("--tokens", type=Path, help="also the answers' token ids alone, as a small .npz file, "
-                   "written after every batch (a run cut short keeps them: go on with --resume)")
-    g.add_argument("--resume", type=Path, help="a token file made earlier from the same prompts: its answers "
-                   "are kept (their logits recomputed in one pass) and their prompts not answered again")
-    g.add_argument("--resume-rows", type=Path, help="with --resume: the rows file (--out) written with that token "
-                   "file, whose logits are then kept instead of recomputed")
+    g.add_argument("--tokens", type=Path, help="also this run's answers' token ids alone (not those of --resume), "
+                   "as a small .npz file, written after every batch (a run cut short keeps them: go on with --resume)")
+    g.add_argument("--resume", type=Path, nargs="+", default=[], help="token files made earlier from the same "
+                   "prompts: their answers are kept (their logits recomputed in one pass) and their prompts not "
+                   "answered again; with --seconds 0 this only rebuilds the rows file from them")
+    g.add_argument("--resume-rows", type=Path, help="with --resume: the rows file (--out) written with those token "
+                   "files, in the same order, whose logits are then kept instead of recomputed")
     g.add_argument("--first", default="", help="comma-separated sources whose prompts are answered before the rest")
     args = parser.parse_args(argv)
     if args.command == "prompts":
@@ -335,7 +354,7 @@ def answer(args) -> None:
     texts = [r["text"] for r in prompt_rows]
     start, old, old_sources = time.perf_counter(), [], []
     if args.resume:
-        old_sources, answers = load_tokens(args.resume)
+        old_sources, answers = load_token_files(args.resume)
         if args.resume_rows:
             old = kept_rows(torch.load(args.resume_rows, weights_only=True), answers, args.resume_rows)
             print(f"{len(old)} rows of {args.resume_rows} kept as they are", flush=True)
@@ -347,11 +366,11 @@ def answer(args) -> None:
                         [f for f in args.first.split(",") if f])
     start = time.perf_counter()  # the generation's own speed, apart from the recomputed rows
 
-    def save(rows, sources):  # the token file after every batch: a run cut short keeps what it made
-        if args.tokens:
-            save_tokens(old + rows, old_sources + [todo[i] for i in sources], args.tokens,
+    def save(rows, sources):  # this run's token file after every batch: a run cut short keeps what it made
+        if args.tokens and rows:
+            save_tokens(rows, [todo[i] for i in sources], args.tokens,
                         seconds=round(time.perf_counter() - start), prompts=str(args.prompts), device=machine(model),
-                        max_new=args.max_new, resumed=str(args.resume or ""), dtype=args.dtype,
+                        max_new=args.max_new, resumed=[str(p) for p in args.resume], dtype=args.dtype,
                         max_prompt=args.max_prompt)
 
     rows, sources = generate_corpus(model, tok, [texts[i] for i in todo], args.seconds, args.batch, args.max_new,
