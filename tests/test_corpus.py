@@ -4,6 +4,7 @@ the compact token file, the held-out split by prompt, and a training time budget
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,8 +13,8 @@ from test_speculative import tiny_llama
 
 from logitlab.training.corpus import (answer_order, batches, build_prompts, cut_at_stop, extended_prompts, kept_rows,
                                       german_prompts, load_token_files, load_tokens, save_tokens, shingles,
-                                      teacher_forced_rows)
-from logitlab.training.data import generate_with_logits, split_held_out, steps_within
+                                      teacher_forced_rows, token_rows)
+from logitlab.training.data import choose_vocabulary, generate_with_logits, split_held_out, steps_within
 from logitlab.training.draft import train as train_draft
 from logitlab.training.medusa import training_tensors
 
@@ -171,6 +172,30 @@ def test_a_corpus_grown_over_runs_reads_its_token_files_in_order(tmp_path):
         load_token_files([tmp_path / "a.npz", tmp_path / "a.npz"])
 
 
+class CharTokenizer:
+    """A tokenizer of one id per character, whose chat template is a "<" before the text."""
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+        return "<" + messages[0]["content"]
+
+    def __call__(self, text, add_special_tokens):
+        return SimpleNamespace(input_ids=[ord(c) for c in text])
+
+
+def test_token_rows_are_each_prompt_in_its_template_and_its_answer(tmp_path):
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"source": "t0", "text": "ab"}, {"source": "t0", "text": "c"}])
+    rows = [(torch.tensor([60, 99, 7, 8]), 2, None, None), (torch.tensor([60, 99, 9]), 2, None, None)]
+    save_tokens(rows, [1, 1], tmp_path / "a.npz")
+    save_tokens([(torch.tensor([60, 97, 98, 5]), 3, None, None)] * 2, [0, 0], tmp_path / "b.npz")
+    got = token_rows(CharTokenizer(), [tmp_path / "a.npz", tmp_path / "b.npz"], prompts)
+    assert [(r[0].tolist(), r[1]) for r in got] == [([60, 99, 7, 8], 2), ([60, 99, 9], 2), ([60, 97, 98, 5], 3),
+                                                     ([60, 97, 98, 5], 3)]
+    assert all(r[2] is None and r[3] is None for r in got)
+    # Without logits, the drafter's vocabulary is the answers' most frequent tokens (5 twice, then 7, 8, 9).
+    assert choose_vocabulary(got, 100, 1).tolist() == [5]
+    assert choose_vocabulary(got, 100, 4).tolist() == [5, 7, 8, 9]
+
+
 def test_a_resumed_corpus_keeps_the_rows_file_of_its_token_file(tmp_path):
     model = tiny_llama(2, 0, vocab=12)
     rows = generate_with_logits(model, [[1, 2, 3], [4, 5]], [0.0, 1.0], 6, 4, torch.Generator().manual_seed(0))
@@ -232,7 +257,7 @@ def test_the_shipped_corpus_answers_each_prompt_once_greedily_and_at_t1():
     assert 0 <= min(sources) and max(sources) < 26068  # indices into the prompts file README.md names
     assert all(1 <= len(a) <= 256 for a in answers)  # cut at the end of turn, or at --max-new
     assert max(max(a) for a in answers) < 49152  # SmolLM2's vocabulary
-    im_end = 2  # <|im_end|>: most answers end their turn
-    assert sum(a[-1] == im_end for a in answers) > len(answers) / 2
+    im_end = 2  # <|im_end|>: every answer ends its turn, or stops at the cap
+    assert all(a[-1] == im_end or len(a) == 256 for a in answers)
     for path in SHIPPED:
         assert np.load(path)["temperature"].tolist()[:4] == [0.0, 1.0, 0.0, 1.0]

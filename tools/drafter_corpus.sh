@@ -23,6 +23,7 @@ set -euo pipefail
 DIR=${1:?usage: tools/drafter_corpus.sh DIR [SECONDS [MORE...]]}
 SECONDS_BUDGET=${2:-3600}
 PY=${PYTHON:-python}
+REPO=$(cd "$(dirname "$0")/.." && pwd)  # before the cd below: $0 may be relative
 mkdir -p "$DIR"
 cd "$DIR"
 
@@ -45,7 +46,6 @@ if [ ! -f prompts.jsonl.xz ]; then
         --exclude "$EXCLUDE" --out prompts.jsonl.xz
 fi
 
-REPO=$(cd "$(dirname "$0")/.." && pwd)
 last=$(ls run*.npz 2>/dev/null | sed 's/run\([0-9]*\)\.npz/\1/' | sort -n | tail -1)
 next=$(( ${last:-0} + 1 ))
 made=()  # the answers already made, in the order every rows file lists them

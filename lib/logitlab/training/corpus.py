@@ -238,6 +238,16 @@ def load_token_files(paths: list[Path]) -> tuple[list[int], list[list[int]]]:
     return sources, answers
 
 
+def token_rows(tok, token_files: list[Path], prompts_file: Path) -> list:
+    """The rows of the token files as ``(tokens, new_from, None, None)``: each prompt (from the
+    prompts file, in its chat template) and its answer, without the target's logits (a trainer
+    that needs only the text, as EAGLE's, which records the target's features itself)."""
+    texts = [r["text"] for r in read_jsonl(prompts_file)]
+    sources, answers = load_token_files(token_files)
+    prompts = {i: chat(tok, texts[i]) for i in set(sources)}
+    return [(torch.tensor(prompts[i] + a), len(prompts[i]), None, None) for i, a in zip(sources, answers)]
+
+
 @torch.inference_mode()
 def teacher_forced_rows(model, prompts: list[list[int]], answers: list[list[int]], k: int = 64, batch: int = 64):
     """Rows ``(tokens, new_from, topv, topi)`` for answers made earlier (a token file): one pass over

@@ -6,7 +6,11 @@ The shipped drafter (``ll.speculative.eagle.load_pretrained``) was made with
 
 on data from two runs of ``logitlab.training.data.make_data`` (900 s at batch 32 with seed 0,
 then 2700 s at batch 96 with seed 1: 2560 rows of 128 new tokens), concatenated into one file.
-Without ``--data``, ``--gen-seconds`` makes the data: SmolLM2 answers the varied chat prompts of
+``--corpus corpus/*.npz --prompts prompts.jsonl.xz`` trains on the corpus of
+``logitlab.training.corpus`` instead (the repository's ``corpus/`` folder says how its prompts
+file is made), read from its token files as text: this trainer records the target's features
+itself and needs none of its logits. Without ``--data`` or ``--corpus``, ``--gen-seconds``
+makes the data: SmolLM2 answers the varied chat prompts of
 ``logitlab.training.data`` and continues its plain-text prompts (a quarter of the rows greedy, the
 rest at T = 1) for that long. The target then runs once over every row to record its feature
 (last hidden state) at every position, and the drafter trains on those: the target's 30 layers
@@ -41,6 +45,7 @@ import torch.nn.functional as F
 from ..decoding.passes import forward
 from ..devices import generator as seeded_generator
 from ..speculative.eagle import FeatureDrafter, save_drafter
+from .corpus import token_rows
 from .data import (
     cached,
     choose_vocabulary,
@@ -256,6 +261,9 @@ def arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--layers", help="fuse these target layers' outputs, e.g. 8,16,30 (the last must be the top)")
     parser.add_argument("--gen-seconds", type=float, default=900, help="time budget for generating data")
     parser.add_argument("--data", help="the generated data as a torch file (reused if it exists)")
+    parser.add_argument("--corpus", nargs="+", type=Path, help="instead of --data: the token files of a corpus "
+                        "(logitlab.training.corpus, e.g. corpus/*.npz), read without recomputing the target's logits")
+    parser.add_argument("--prompts", type=Path, help="with --corpus: the prompts file they answer")
     parser.add_argument("--features", help="cache the target's features in this torch file")
     parser.add_argument("--held-out-every", type=int, default=7)
     parser.add_argument("--train-rows", type=int, help="train on a seeded sample of this many rows (default all)")
@@ -274,7 +282,10 @@ def arguments(argv=None) -> argparse.Namespace:
                         help="the precision of the training's forward passes (bfloat16: mixed precision, "
                         "the weights stay float32)")
     parser.add_argument("--out", default="eagle.safetensors")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.corpus and not args.prompts:
+        parser.error("--corpus needs --prompts (the prompts file its token files answer)")
+    return args
 
 
 def main(argv=None):
@@ -286,7 +297,10 @@ def main(argv=None):
     start = time.perf_counter()
     model, tok = ll.load("smollm2-135m", device=args.device)
     prompts = varied_prompts(tok) + prompt_ids(tok)
-    data = load_or_make_data(model, tok, args.data, args.gen_seconds, prompts=prompts)
+    if args.corpus:
+        data = token_rows(tok, args.corpus, args.prompts)
+    else:
+        data = load_or_make_data(model, tok, args.data, args.gen_seconds, prompts=prompts)
     data, held = split_held_out(data, prompts, args.held_out_every)
     held = held[: args.eval_rows]
     if args.train_rows is not None and args.train_rows < len(data):  # a seeded sample, for short ablations
@@ -317,11 +331,11 @@ def main(argv=None):
     save_drafter(drafter, args.out)
     # What the chapter shows of the training: the recipe, the data, the times and the curves.
     log = {"recipe": vars(args), "rows": len(data), "held_out_rows": len(held),
-           "new_tokens": sum(len(r[2]) for r in data), "held_out_new_tokens": sum(len(r[2]) for r in held),
+           "new_tokens": sum(len(r[0]) - r[1] for r in data), "held_out_new_tokens": sum(len(r[0]) - r[1] for r in held),
            "feature_seconds": round(feature_seconds), "train_seconds": round(train_seconds),
            "loss": [round(x, 4) for x in history], "held_out_accuracy": [[0, *before]] + curve,
            "steps_run": len(history), "machine": machine(model)}
-    Path(args.out).with_suffix(".json").write_text(json.dumps(log, indent=1))
+    Path(args.out).with_suffix(".json").write_text(json.dumps(log, indent=1, default=str))  # paths as text
     print(f"saved {args.out} ({os.path.getsize(args.out) / 1e6:.1f} MB) and its training log; "
           f"{time.perf_counter() - start:.0f} s in all")
 
