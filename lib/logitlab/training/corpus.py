@@ -19,13 +19,13 @@ second over a 47-minute run (the book's two cores, batches of 128 rows; batches 
 ran at 400 to 500, those of the longest prompts far slower). The target
 answers every prompt twice, greedily and at T = 1, until its end-of-turn token or ``--max-new``
 tokens, recording its top-64 logits at every new position (the rows every trainer reads, see
-``logitlab.training.data``). ``--tokens`` also writes the run's answers as token ids alone (a few
+``logitlab.training.data``). ``--tokens`` also writes the run's answers as token ids alone (about 1
 MB per million tokens), from which the rest is recomputed by teacher forcing: ``--resume`` takes
 such files, keeps their answers and answers only the other prompts, so that a corpus grows over
 several runs, each adding one token file (``--resume-rows`` keeps the rows file written with them
 rather than recomputing their logits: on a CPU the recomputation costs minutes per million
-tokens). The repository's ``corpus/`` folder holds the token files of the shipped drafters'
-corpus; ``generate --seconds 0 --resume corpus/*.npz --out rows.pt`` rebuilds its rows.
+tokens). The repository's ``corpus/`` folder holds the token files made so far;
+``generate --seconds 0 --resume corpus/*.npz --out rows.pt`` rebuilds their rows.
 
 A prompts file grows the same way, without moving its prompts (token files name them by index):
 
