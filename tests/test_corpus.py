@@ -14,7 +14,8 @@ from test_speculative import tiny_llama
 from logitlab.training.corpus import (answer_order, batches, build_prompts, cut_at_stop, extended_prompts, kept_rows,
                                       german_prompts, load_token_files, load_tokens, save_tokens, shingles,
                                       teacher_forced_rows, token_rows)
-from logitlab.training.data import choose_vocabulary, generate_with_logits, split_held_out, steps_within
+from logitlab.training.data import (choose_vocabulary, generate_with_logits, length_batches, split_held_out,
+                                    steps_within)
 from logitlab.training.draft import train as train_draft
 from logitlab.training.medusa import training_tensors
 
@@ -94,6 +95,11 @@ def test_batches_hold_each_short_prompt_once_and_similar_lengths_together():
     assert sorted(i for b in out for i in b) == [0, 1, 2, 3, 4, 6]  # 500 tokens: left out
     assert all(len(b) <= 2 for b in out)  # two rows per prompt
     assert [sorted(len(prompts[i]) for i in b) for b in out] == [[3, 4], [5, 40], [41, 50]]
+
+
+def test_length_batches_put_rows_of_near_equal_length_together():
+    assert length_batches([5, 2, 9, 2, 7], 2) == [[1, 3], [0, 4], [2]]  # ties keep the rows' order
+    assert length_batches([], 4) == []
 
 
 def test_long_prompts_come_in_batches_whose_cache_fits_the_budget():

@@ -322,3 +322,15 @@ def test_features_of_cropped_rows_still_come_from_the_whole_row():
     torch.testing.assert_close(kept[1].float(), full[1], atol=0.02, rtol=0.01)
     alone = row_features(target, [(rows[0][0][2:], 3, None, None)])[0]
     assert not torch.allclose(alone, full[0][2:], atol=0.02, rtol=0.01)
+
+
+def test_features_batched_by_length_come_back_in_the_rows_order():
+    # Rows of 8, 3, 6 and 4 tokens, two per pass: the passes pair them by length (3 with 4, 6 with
+    # 8), and each row's features must still be its own, as a pass over it alone gives them.
+    target = tiny_llama(2, seed=0)
+    rows = [(torch.tensor(t), 1, None, None) for t in ([1, 2, 3, 4, 5, 1, 2, 3], [4, 5, 1], [3, 3, 1, 2, 5, 4], [2, 1, 4, 4])]
+    batched = row_features(target, rows, batch=2)
+    alone = [row_features(target, [r])[0] for r in rows]
+    assert [len(f) for f in batched] == [8, 3, 6, 4]
+    for b, a in zip(batched, alone):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)

@@ -50,7 +50,7 @@ import torch
 
 from ..devices import generator as seeded_generator
 from ..devices import model_device
-from .data import TEMPLATES, TOPICS, chat, generate_with_logits, machine
+from .data import TEMPLATES, TOPICS, chat, generate_with_logits, length_batches, machine
 
 # Where each source comes from, and its licence (all allow training a model on them).
 SOURCES = {
@@ -255,9 +255,7 @@ def teacher_forced_rows(model, prompts: list[list[int]], answers: list[list[int]
     answer, which generating it recorded as it went. Batches of rows of near-equal length (sorted,
     then put back in order) waste little on right padding, which is causal, so harmless."""
     device, rows = model_device(model), [None] * len(prompts)
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(answers[i]))
-    for b in range(0, len(order), batch):
-        index = order[b: b + batch]
+    for index in length_batches([len(p) + len(a) for p, a in zip(prompts, answers)], batch):
         seqs = [prompts[i] + answers[i] for i in index]
         ids = torch.zeros(len(seqs), max(map(len, seqs)), dtype=torch.long, device=device)
         mask = torch.zeros_like(ids)

@@ -49,6 +49,7 @@ from .corpus import token_rows
 from .data import (
     cached,
     choose_vocabulary,
+    length_batches,
     load_or_make_data,
     machine,
     prompt_ids,
@@ -65,13 +66,14 @@ def row_features(target, data, batch: int = 16, layers=None, max_len: int | None
     ``layers`` the outputs of those layers, concatenated (``[L, len(layers) * H]``). With
     ``max_len``, only the positions ``cropped`` keeps (the pass still reads the whole row); stored
     as ``dtype`` (bfloat16 halves the memory of millions of positions)."""
-    feats = []
-    for i in range(0, len(data), batch):
-        rows = data[i: i + batch]
+    feats = [None] * len(data)
+    for index in length_batches([len(r[0]) for r in data], batch):  # rows of near-equal length together
+        rows = [data[i] for i in index]
         ids, mask = padded([r[0] for r in rows], target.model.embed_tokens.weight.device)
         # Right padding: causal, harmless.
         hidden = forward(target, input_ids=ids, attention_mask=mask, hidden=True, scores=False, layers=layers).hidden
-        feats += [hidden[b, crop_start(r, max_len): len(r[0])].to(dtype).clone() for b, r in enumerate(rows)]
+        for b, (i, r) in enumerate(zip(index, rows)):
+            feats[i] = hidden[b, crop_start(r, max_len): len(r[0])].to(dtype).clone()
     return feats
 
 
