@@ -50,7 +50,7 @@ import torch
 
 from ..devices import generator as seeded_generator
 from ..devices import model_device
-from .data import TEMPLATES, TOPICS, chat, generate_with_logits, length_batches, machine
+from .data import TEMPLATES, TOPICS, chat, generate_with_logits, length_batches, machine, padded
 
 # Where each source comes from, and its licence (all allow training a model on them).
 SOURCES = {
@@ -257,10 +257,7 @@ def teacher_forced_rows(model, prompts: list[list[int]], answers: list[list[int]
     device, rows = model_device(model), [None] * len(prompts)
     for index in length_batches([len(p) + len(a) for p, a in zip(prompts, answers)], batch):
         seqs = [prompts[i] + answers[i] for i in index]
-        ids = torch.zeros(len(seqs), max(map(len, seqs)), dtype=torch.long, device=device)
-        mask = torch.zeros_like(ids)
-        for j, s in enumerate(seqs):
-            ids[j, : len(s)], mask[j, : len(s)] = torch.tensor(s, device=device), 1
+        ids, mask = padded([torch.tensor(s) for s in seqs], device)
         hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
         for j, (i, s) in enumerate(zip(index, seqs)):
             start = len(prompts[i])

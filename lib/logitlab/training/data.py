@@ -262,15 +262,22 @@ def length_batches(lengths: list[int], batch: int) -> list[list[int]]:
     return [order[b: b + batch] for b in range(0, len(order), batch)]
 
 
+def padded(rows, device):
+    """Right-padded ids ``[B, L]`` of token tensors ``rows`` and their mask (right padding is
+    harmless to a causal model: no real position attends to it)."""
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+    mask = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+    for b, r in enumerate(rows):
+        ids[b, : len(r)], mask[b, : len(r)] = r.to(device), 1
+    return ids, mask
+
+
 def new_token_states(body, rows) -> list[torch.Tensor]:
     """Run ``body`` (a model without its output layer, ``model.model``) over the rows and return,
     per row, its last hidden states at the positions that predict the row's new tokens
     (``new_from - 1 .. L - 2``, the ones whose top-k logits the row holds)."""
-    width, device = max(len(r[0]) for r in rows), body.embed_tokens.weight.device
-    ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
-    mask = torch.zeros(len(rows), width, dtype=torch.long, device=device)
-    for b, (tokens, _, _, _) in enumerate(rows):
-        ids[b, : len(tokens)], mask[b, : len(tokens)] = tokens.to(device), 1  # right padding: causal, harmless
+    ids, mask = padded([r[0] for r in rows], body.embed_tokens.weight.device)
     hidden = body(input_ids=ids, attention_mask=mask).last_hidden_state
     return [hidden[b, s - 1: len(t) - 1] for b, (t, s, _, _) in enumerate(rows)]
 

@@ -52,6 +52,7 @@ from .data import (
     length_batches,
     load_or_make_data,
     machine,
+    padded,
     prompt_ids,
     split_held_out,
     steps_within,
@@ -96,15 +97,6 @@ def cropped(rows, max_len: int):
         out.append((tokens[cut:], start - cut, topv, topi))
     return out
 
-
-def padded(rows, device):
-    """Right-padded ids ``[B, L]`` and their mask."""
-    width = max(len(r) for r in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
-    mask = torch.zeros(len(rows), width, dtype=torch.long, device=device)
-    for b, r in enumerate(rows):
-        ids[b, : len(r)], mask[b, : len(r)] = r.to(device), 1
-    return ids, mask
 
 
 def batch_tensors(rows, feats, index):
