@@ -663,11 +663,11 @@ def test_every_sampled_json_document_parses_and_validates(smollm2):
                                                                 "maxItems": 2}},
         "required": ["name", "age", "city", "pets"]}
     out = ll.generate(model, chat(tokenizer, "Describe a person as JSON."), tokenizer=tokenizer, max_new_tokens=48,
-                      temperature=1.0, num_return_sequences=200, generator=ll.generator(model, seed=0),
+                      temperature=1.0, num_return_sequences=100, generator=ll.generator(model, seed=0),
                       constraint=Constraint(to_regex(schema), tokenizer))
     for text in out.texts:
         jsonschema.validate(json.loads(text), schema)
-    assert len(set(out.texts)) > 100
+    assert len(set(out.texts)) > 50
 
 
 # -- Masking is not conditioning -------------------------------------------------------------

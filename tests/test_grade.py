@@ -67,7 +67,7 @@ def test_a_class_is_graded_exercise_by_exercise(tmp_path):
     (class_ / "fay.ipynb").write_text("{ not json")
     notebook(class_, "mallory", *MALLORY)
     executed = tmp_path / "executed"
-    rows = {r["student"]: r for r in grade(class_, tmp_path / "grades.csv", timeout=25, memory_gb=6, keep=executed)}
+    rows = {r["student"]: r for r in grade(class_, tmp_path / "grades.csv", timeout=15, memory_gb=6, keep=executed)}
 
     assert rows["ada"]["check_expected_tokens"] == rows["ada"]["check_softmax"] == "passed"
     assert rows["bob"]["check_expected_tokens"].startswith("failed: expected_tokens(")
