@@ -6,6 +6,8 @@ Statistical tests reject at a p-value below 1e-4 (P_MIN), the false-positive rat
 when the code is right.
 """
 
+import json
+
 import pytest
 import torch
 from test_medusa import pooled_chi_square_pvalue
@@ -15,7 +17,9 @@ import logitlab as ll
 from logitlab.speculative.eagle import EagleDrafter, FeatureDrafter, load_pretrained, save_drafter
 from logitlab.sampling.pipeline import SamplingConfig
 from logitlab.speculative.loop import speculative_generate
-from logitlab.training.eagle import accuracy, cropped, row_features, train
+from logitlab import fast_cpu
+from logitlab.training.eagle import (accuracy, batch_tensors, cropped, row_features, runs_before, starting_drafter,
+                                     train)
 
 
 class Proposals(EagleDrafter):
@@ -68,6 +72,35 @@ def test_training_teaches_the_drafter_the_target_and_saves_what_it_learnt(traine
     assert abs(accuracy(loaded, rows, feats)[0] - after[0]) < 0.02  # float16 weights
     with pytest.raises(ValueError, match="target"):
         load_pretrained(tiny_llama(2, seed=0, vocab=4), tmp_path / "d.safetensors")
+
+
+def test_a_training_continues_from_a_saved_drafter(trained, tmp_path):
+    target, drafter, rows, feats, _, _ = trained
+    save_drafter(drafter, tmp_path / "d.safetensors")
+    fast_cpu.enable(target)  # as ll.load leaves the target: the loading gives the drafter the fast path too
+    try:
+        start = starting_drafter(target, rows, 2048, None, tmp_path / "d.safetensors")
+        # It starts where the saved one ended (float16 weights), with its vocabulary, and without the
+        # fast path's packed copies of its weights, which training would leave stale.
+        assert abs(accuracy(start, rows, feats)[0] - accuracy(drafter, rows, feats)[0]) < 0.02
+        assert torch.equal(start.lm_head.vocab, drafter.lm_head.vocab) and not start.logitlab_fast_cpu
+        train(start, rows, feats, steps=5, lr=3e-3, batch=16, progress=False)
+        ids, f, _ = batch_tensors(rows, feats, [0])
+        with torch.no_grad():  # the trained weights are the ones a forward without gradients reads
+            fresh = FeatureDrafter(target, start.lm_head.vocab)
+            fresh.load_state_dict(start.state_dict())
+            torch.testing.assert_close(start(f, ids)[0], fresh(f, ids)[0])
+        assert not torch.equal(start.fc.weight, load_pretrained(target, tmp_path / "d.safetensors").fc.weight.float())
+    finally:
+        fast_cpu.disable(target)
+    assert starting_drafter(target, rows, 3, None).lm_head.vocab.numel() == 3  # without init: a new drafter
+    with pytest.raises(ValueError, match="init: the drafter saved there reads the target's layers None, not"):
+        starting_drafter(target, rows, 2048, (1, 2), tmp_path / "d.safetensors")
+    # The log of a continued run counts the runs before it, from the log saved beside the drafter.
+    assert runs_before(None) == runs_before(tmp_path / "d.safetensors") == {"steps": 0, "train_seconds": 0}
+    (tmp_path / "d.json").write_text(json.dumps({"steps_run": 521, "train_seconds": 3196,
+                                                 "runs_before": {"steps": 100, "train_seconds": 600}}))
+    assert runs_before(tmp_path / "d.safetensors") == {"steps": 621, "train_seconds": 3796}
 
 
 def test_an_untrained_drafter_is_the_targets_first_layer_reading_only_the_token():

@@ -27,6 +27,11 @@ predictions ("training-time test", EAGLE-3): the predicted ``f_{t+1}`` and ``x_{
 The rows of every seventh prompt are held out; the script reports, on their new tokens, how
 often the drafter's first and second guesses are the target's most likely token (the acceptance
 rate of greedy drafting, position by position).
+
+``--init drafter.safetensors`` continues the training of a drafter this script saved (its weights
+and vocabulary) instead of starting a new one: on a CPU an hour's budget is about one pass over the
+corpus, and several runs add up. The optimiser starts afresh (warm-up, then the cosine decay over
+the run's steps), and the training log counts the steps and seconds of the runs before it.
 """
 
 from __future__ import annotations
@@ -43,8 +48,9 @@ import torch
 import torch.nn.functional as F
 
 from ..decoding.passes import forward
+from .. import fast_cpu, fast_gpu
 from ..devices import generator as seeded_generator
-from ..speculative.eagle import FeatureDrafter, save_drafter
+from ..speculative.eagle import FeatureDrafter, load_pretrained, save_drafter
 from .corpus import token_rows
 from .data import (
     cached,
@@ -230,6 +236,34 @@ def train(drafter, rows, feats, steps: int, lr: float, batch: int = 16, token_we
     return history
 
 
+def starting_drafter(model, data, vocab: int, layers=None, init: str | Path | None = None) -> FeatureDrafter:
+    """The drafter a training starts from: a new one scoring the ``vocab`` commonest tokens of
+    ``data`` or, with ``init``, the one saved there (its weights and its vocabulary), to train on."""
+    if init is None:
+        return FeatureDrafter(model, choose_vocabulary(data, model.config.vocab_size, vocab), layers)
+    drafter = load_pretrained(model, init)
+    if drafter.layers != (None if layers is None else tuple(layers)):
+        raise ValueError(f"init: the drafter saved there reads the target's layers {drafter.layers}, "
+                         f"not {layers} (--layers)")
+    # Training changes the weights: no packed copies of them (the CPU fast path) and no static
+    # cache (the GPU's), which the loading gave it to draft with.
+    fast_cpu.disable(drafter)
+    fast_gpu.disable(drafter)
+    return drafter
+
+
+def runs_before(init: str | Path | None) -> dict:
+    """What the runs that trained ``init`` did, from the log saved beside it: their steps and
+    training seconds (none without ``init`` or its log)."""
+    log = None if init is None else Path(init).with_suffix(".json")
+    if log is None or not log.exists():
+        return {"steps": 0, "train_seconds": 0}
+    earlier = json.loads(log.read_text())
+    before = earlier.get("runs_before", {"steps": 0, "train_seconds": 0})
+    return {"steps": before["steps"] + earlier["steps_run"],
+            "train_seconds": before["train_seconds"] + earlier["train_seconds"]}
+
+
 def recorded_features(model, args, layers, *row_sets) -> tuple:
     """``row_features`` of each set of rows, as the command line asks: recorded by a second copy of
     the target in ``--target-dtype`` if that is not float32 (rounding the drafter's own copy would
@@ -275,6 +309,8 @@ def arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--train-dtype", choices=("float32", "bfloat16"), default="float32",
                         help="the precision of the training's forward passes (bfloat16: mixed precision, "
                         "the weights stay float32)")
+    parser.add_argument("--init", help="continue training the drafter saved in this file (its weights and "
+                        "vocabulary; --vocab is then not used)")
     parser.add_argument("--out", default="eagle.safetensors")
     args = parser.parse_args(argv)
     if args.corpus and not args.prompts:
@@ -307,7 +343,7 @@ def main(argv=None):
     feature_seconds = time.perf_counter() - t0
     if args.max_len:
         data, held = cropped(data, args.max_len), cropped(held, args.max_len)
-    drafter = FeatureDrafter(model, choose_vocabulary(data, model.config.vocab_size, args.vocab), layers)
+    drafter = starting_drafter(model, data, args.vocab, layers, args.init)
     before = accuracy(drafter, held, held_feats)
     print(f"held-out accuracy (first, second guess) before training: {before}")
     t0, curve = time.perf_counter(), []
@@ -328,7 +364,7 @@ def main(argv=None):
            "new_tokens": sum(len(r[0]) - r[1] for r in data), "held_out_new_tokens": sum(len(r[0]) - r[1] for r in held),
            "feature_seconds": round(feature_seconds), "train_seconds": round(train_seconds),
            "loss": [round(x, 4) for x in history], "held_out_accuracy": [[0, *before]] + curve,
-           "steps_run": len(history), "machine": machine(model)}
+           "steps_run": len(history), "runs_before": runs_before(args.init), "machine": machine(model)}
     Path(args.out).with_suffix(".json").write_text(json.dumps(log, indent=1, default=str))  # paths as text
     print(f"saved {args.out} ({os.path.getsize(args.out) / 1e6:.1f} MB) and its training log; "
           f"{time.perf_counter() - start:.0f} s in all")
