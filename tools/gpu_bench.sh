@@ -21,6 +21,17 @@
 #           run(carry=[".device/c", ".device/whl"], command="bash tools/gpu_bench.sh chapters '01_ or 02_ ...'")
 # `chapters` runs tests/test_chapters.py (each chapter executed, its exercises checked, nothing on
 # stderr) on the chapters the -k expression names, with each one's time; call it again for the rest.
+#
+# Issue 41's drafters (before issue 45's work: issue order), with the corpus's prompts file
+# (tools/drafter_corpus.sh makes it; `prepare` copies it from $PROMPTS, default
+# /work/corpus/prompts.jsonl.xz, into .device/c) travelling in the last call:
+#           run(carry=[".device/c", ".device/whl"], command="bash tools/gpu_bench.sh drafters", timeout_s=580)
+# `drafters` answers more of the corpus's prompts for GEN_SECONDS (default 150; their token ids come
+# back as $OUT/answers-04.npz, to move into corpus/), then trains the EAGLE drafter on the whole corpus
+# for TRAIN_SECONDS (default 240; $OUT/eagle.safetensors and its log, $OUT/eagle.json), with
+# INIT=path to continue a saved one. Tried here on the CPU at small scale, without the install:
+#   SKIP_INSTALL=1 PYTHON=.venv/bin/python DEVICE=cpu OUT=/tmp/out GEN_SECONDS=20 TRAIN_SECONDS=30 \
+#       MAX_PROMPTS=40 tools/gpu_bench.sh drafters
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,6 +48,7 @@ prepare)
     for p in a b c; do mkdir -p .device/$p; done
     mv .device/part-00 .device/a/; mv .device/part-01 .device/b/; mv .device/part-02 .device/c/
     basename .device/model/*.whl > .device/c/name
+    cp "${PROMPTS:-/work/corpus/prompts.jsonl.xz}" .device/c/prompts.jsonl.xz
     rm -rf .device/model
     # The notebook client and kernel, less what the image has and what running a notebook never
     # imports (debugpy: the kernel's debugger; widgetsnbextension: the widgets' browser side).
@@ -47,17 +59,40 @@ prepare)
         tzdata-* debugpy-* widgetsnbextension-*)
     du -sh .device/*
     ;;
-run | chapters)
+run | chapters | drafters)
     : "${OUT:?run this on the device machine, where OUT is set}"
-    wheel="/tmp/$(cat .device/c/name)"
-    cat .device/a/part-00 .device/b/part-01 .device/c/part-02 > "$wheel"
-    extra=()
-    [ "$1" = chapters ] && extra=(.device/nb/*.whl)
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-        .device/whl/*.whl "${extra[@]}" "$wheel"
-    export PYTHONPATH="/tmp/site:$PWD/lib" PYTHONUNBUFFERED=1 LOGITLAB_CACHE=/tmp/logitlab-cache
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
-    if [ "$1" = chapters ]; then
+    if [ -z "${SKIP_INSTALL:-}" ]; then
+        wheel="/tmp/$(cat .device/c/name)"
+        cat .device/a/part-00 .device/b/part-01 .device/c/part-02 > "$wheel"
+        extra=()
+        [ "$1" = chapters ] && extra=(.device/nb/*.whl)
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+            .device/whl/*.whl "${extra[@]}" "$wheel"
+        export PYTHONPATH="/tmp/site:$PWD/lib" LOGITLAB_CACHE=/tmp/logitlab-cache
+        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+    fi
+    export PYTHONUNBUFFERED=1
+    if [ "$1" = drafters ]; then
+        py=${PYTHON:-python3}
+        prompts=${PROMPTS_FILE:-.device/c/prompts.jsonl.xz}
+        # shellcheck disable=SC2206  # the token files already made: a glob, or the names given
+        resume=(${RESUME:-corpus/*.npz})
+        # More answers (their rows, with logits, for the other trainers: /tmp/rows.pt); a failure must
+        # not cost the training on the answers already made.
+        "$py" -m logitlab.training.corpus generate --prompts "$prompts" --seconds "${GEN_SECONDS:-150}" \
+            --batch "${GEN_BATCH:-1024}" --dtype bfloat16 --device "${DEVICE:-cuda}" --resume "${resume[@]}" \
+            --out /tmp/rows.pt --tokens "$OUT/answers-04.npz" 2>&1 | tee "$OUT/corpus.log" | tail -5 \
+            || echo "the corpus's generation FAILED: read corpus.log; training on the answers already made"
+        more=()
+        [ -f "$OUT/answers-04.npz" ] && more=("$OUT/answers-04.npz")
+        init=()
+        [ -n "${INIT:-}" ] && init=(--init "$INIT")
+        "$py" -m logitlab.training.eagle --corpus "${resume[@]}" "${more[@]}" --prompts "$prompts" --max-len 512 \
+            --feature-dtype bfloat16 --target-dtype bfloat16 --train-dtype bfloat16 --unroll 2 --vocab 4096 \
+            --eval-rows 300 --steps 100000 --seconds "${TRAIN_SECONDS:-240}" --batch "${EAGLE_BATCH:-64}" \
+            --device "${DEVICE:-cuda}" "${init[@]}" --out "$OUT/eagle.safetensors" 2>&1 \
+            | tr '\r' '\n' | grep -v "EAGLE drafter training" | tee "$OUT/eagle.log" | tail -15
+    elif [ "$1" = chapters ]; then
         python3 -m pytest -q -p no:cacheprovider tests/test_chapters.py -k "runs_with and (${2:?a -k expression naming chapters})" \
             --durations=0 2>&1 | tee "$OUT/chapters.log" | tail -30
     else
@@ -68,7 +103,7 @@ run | chapters)
     fi
     ;;
 *)
-    echo "usage: tools/gpu_bench.sh prepare|run|chapters K_EXPRESSION" >&2
+    echo "usage: tools/gpu_bench.sh prepare|run|chapters K_EXPRESSION|drafters" >&2
     exit 2
     ;;
 esac

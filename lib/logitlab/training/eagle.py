@@ -72,7 +72,9 @@ def row_features(target, data, batch: int = 16, layers=None, max_len: int | None
     """The target's last hidden state at every position of every row (``[L, H]`` per row), or with
     ``layers`` the outputs of those layers, concatenated (``[L, len(layers) * H]``). With
     ``max_len``, only the positions ``cropped`` keeps (the pass still reads the whole row); stored
-    as ``dtype`` (bfloat16 halves the memory of millions of positions)."""
+    as ``dtype`` (bfloat16 halves the memory of millions of positions). A ``target`` on the GPU's
+    static path (``ll.load``'s default on CUDA) would record a CUDA graph for every batch shape:
+    load it with ``fast=False``."""
     feats = [None] * len(data)
     for index in length_batches([len(r[0]) for r in data], batch):  # rows of near-equal length together
         rows = [data[i] for i in index]
@@ -271,7 +273,7 @@ def recorded_features(model, args, layers, *row_sets) -> tuple:
     import logitlab as ll
 
     body = model if args.target_dtype == "float32" else ll.load(
-        "smollm2-135m", device=args.device, dtype=getattr(torch, args.target_dtype))[0]
+        "smollm2-135m", device=args.device, dtype=getattr(torch, args.target_dtype), fast=False)[0]
     stored = getattr(torch, args.feature_dtype)
     return tuple(row_features(body, rows, args.feature_batch, layers, args.max_len, stored) for rows in row_sets)
 
@@ -325,7 +327,9 @@ def main(argv=None):
     torch.manual_seed(0)
 
     start = time.perf_counter()
-    model, tok = ll.load("smollm2-135m", device=args.device)
+    # The stock forward: the fast paths are for decoding. On CUDA the static path would record a CUDA
+    # graph for every new shape of the feature pass's batches (rows batched by length: hundreds).
+    model, tok = ll.load("smollm2-135m", device=args.device, fast=False)
     prompts = varied_prompts(tok) + prompt_ids(tok)
     if args.corpus:
         data = token_rows(tok, args.corpus, args.prompts)
