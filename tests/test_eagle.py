@@ -14,10 +14,10 @@ from test_medusa import pooled_chi_square_pvalue
 from test_speculative import P_MIN, exact_llama_probs, tiny_llama
 
 import logitlab as ll
+from logitlab import fast_cpu
 from logitlab.speculative.eagle import EagleDrafter, FeatureDrafter, load_pretrained, save_drafter
 from logitlab.sampling.pipeline import SamplingConfig
 from logitlab.speculative.loop import speculative_generate
-from logitlab import fast_cpu
 from logitlab.training.eagle import (accuracy, batch_tensors, cropped, row_features, runs_before, starting_drafter,
                                      train)
 

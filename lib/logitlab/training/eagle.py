@@ -47,8 +47,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..decoding.passes import forward
 from .. import fast_cpu, fast_gpu
+from ..decoding.passes import forward
 from ..devices import generator as seeded_generator
 from ..speculative.eagle import FeatureDrafter, load_pretrained, save_drafter
 from .corpus import token_rows
