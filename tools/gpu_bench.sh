@@ -29,9 +29,12 @@
 # `drafters` answers more of the corpus's prompts for GEN_SECONDS (default 150; their token ids come
 # back as $OUT/answers-04.npz, to move into corpus/), then trains the EAGLE drafter on the whole corpus
 # for TRAIN_SECONDS (default 240; $OUT/eagle.safetensors and its log, $OUT/eagle.json), with
-# INIT=path to continue a saved one. Tried here on the CPU at small scale, without the install:
-#   SKIP_INSTALL=1 PYTHON=.venv/bin/python DEVICE=cpu OUT=/tmp/out GEN_SECONDS=20 TRAIN_SECONDS=30 \
-#       MAX_PROMPTS=40 tools/gpu_bench.sh drafters
+# INIT=path to continue a saved one. The call carries about 56 MB of the 64 MiB allowed (the
+# repository 23 MB, .device/c 33 MB). Tried here on the CPU at small scale, without the install
+# (/tmp/tiny.npz: 16 answers from `python -m logitlab.training.corpus generate --seconds 1 --batch 16
+# --max-new 32 --tokens /tmp/tiny.npz ...`):
+#   SKIP_INSTALL=1 PYTHON=.venv/bin/python DEVICE=cpu OUT=/tmp/out GEN_SECONDS=1 GEN_BATCH=4 TRAIN_SECONDS=20 \
+#       EAGLE_BATCH=4 RESUME=/tmp/tiny.npz PROMPTS_FILE=/work/corpus/prompts.jsonl.xz tools/gpu_bench.sh drafters
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
