@@ -243,6 +243,8 @@ def test_steps_within_a_time_budget():
     assert steps_within(60.0, 500, 20, 10.0) == 120
     assert steps_within(600.0, 500, 20, 10.0) == 500
     assert steps_within(1.0, 500, 20, 10.0) == 20  # never fewer than were run
+    # The 5 warm-up steps took 4.5 s, the next 15 took 7.5 s: 2 steps a second after the warm-up.
+    assert steps_within(60.0, 500, 20, 12.0, warm=(5, 4.5)) == 5 + int(55.5 * 2)
 
 
 def test_medusa_targets_skip_rows_shorter_than_the_heads():

