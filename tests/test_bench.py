@@ -31,6 +31,17 @@ def small(monkeypatch, smollm):
     return smollm
 
 
+@pytest.fixture(autouse=True)
+def forgotten(monkeypatch):
+    """The folders whose remembered kernel choices the bench asked to delete; none is deleted, so
+    that the other tests' loads keep their kernels."""
+    from logitlab import fast_cpu
+
+    folders = []
+    monkeypatch.setattr(fast_cpu, "forget_choices", lambda folder: folders.append(folder) or [])
+    return folders
+
+
 @pytest.mark.slow
 def test_bench_prints_a_table_and_writes_json(capsys, tmp_path, monkeypatch):
     from logitlab.bench import basics
@@ -343,7 +354,7 @@ def test_pass_times_in_turn_times_every_model_and_size_and_leaves_the_caches_at_
     assert set(single) == {2} and len(single[2]) == 2
 
 
-def test_quick_runs_every_table_with_fewer_settings(monkeypatch, tmp_path):
+def test_quick_runs_every_table_with_fewer_settings(monkeypatch, tmp_path, forgotten):
     # No model work: record what each part of the bench is asked to do.
     from types import SimpleNamespace
 
@@ -358,6 +369,7 @@ def test_quick_runs_every_table_with_fewer_settings(monkeypatch, tmp_path):
                  "bench_spec_bench", "bench_constrained", "bench_watermarks", "bench_decoders"]:
         monkeypatch.setattr(run, name, lambda *a, name=name, **k: calls.setdefault(name, k) and None)
     run.main(["--skip-load", "--quick", "--json", str(tmp_path / "quick.json")])
+    assert forgotten == [run.models.cache_dir()]  # the kernels are measured afresh for the bench
     assert set(calls) == {"bench_verification", "bench_llama_cpp", "bench_sampling", "bench_generate", "bench_parallel",
                           "bench_speculative", "bench_draft_model", "bench_typical", "bench_eagle", "bench_pass",
                           "bench_spec_bench", "bench_constrained", "bench_watermarks", "bench_decoders"}
@@ -386,6 +398,9 @@ def test_quick_runs_every_table_with_fewer_settings(monkeypatch, tmp_path):
     calls.clear()
     run.main(["--skip-load", "--spec-bench-drafters", "suffix", "--json", str(tmp_path / "suffix.json")])
     assert calls["bench_spec_bench"] == {"only": "suffix"}
+    forgotten.clear()
+    run.main(["--skip-load", "--keep-kernel-choice", "--json", str(tmp_path / "kept.json")])
+    assert forgotten == []
 
 
 def test_runs_combine_into_medians_with_every_run_kept():

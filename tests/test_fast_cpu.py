@@ -191,6 +191,27 @@ def test_the_machine_names_the_cpu_threads_and_torch():
     assert f"{torch.get_num_threads()} threads | torch {torch.__version__}" in fast_cpu.machine()
 
 
+def test_a_forgotten_choice_is_measured_again(monkeypatch, tmp_path):
+    measured, times = [], {k: 1.0 for k in fast_cpu.KERNELS}
+
+    def product_times(linears, kernels, rounds):
+        measured.append(len(linears))
+        return {((m.out_features, m.in_features), n): dict(times) for m in linears for n in fast_cpu.ROWS}
+
+    monkeypatch.setattr(fast_cpu, "_product_times", product_times)
+    times["turned"] = 0.5
+    fast_cpu.enable(torch.nn.Sequential(torch.nn.Linear(8, 8)), remember=tmp_path)
+    (tmp_path / "fast_cpu" / "attention-0123456789abcdef.json").write_text("{}")
+    (tmp_path / "fast_cpu" / "notes.txt").write_text("not a choice")
+    times["turned"], times["linear"] = 1.0, 0.5  # the machine has changed: "linear" is now faster
+    forgotten = fast_cpu.forget_choices(tmp_path)
+    assert sorted(f.name.split("-")[0] for f in forgotten) == ["attention", "choice"]
+    assert [f.name for f in (tmp_path / "fast_cpu").iterdir()] == ["notes.txt"]  # only the choices go
+    again = torch.nn.Sequential(torch.nn.Linear(8, 8))
+    assert set(fast_cpu.enable(again, remember=tmp_path)[8, 8].values()) == {"linear"} and measured == [1, 1]
+    assert fast_cpu.forget_choices(tmp_path / "nothing here") == []
+
+
 def test_load_remembers_its_choice_in_the_cache(fast, stock, monkeypatch):
     import json
 

@@ -24,9 +24,10 @@ it for models on the CPU and keeps the choice in its cache folder, one small fil
 (CPU, thread count, PyTorch, weight shapes), so that only the first load on a machine measures:
 later loads are quicker and choose the same kernels, hence the same logits to the last bit
 (timings a few percent apart would otherwise choose differently from one load to the next).
-Delete the file (:func:`remembered_choice` names it) to measure again. A model on a GPU or a
-Mac is left alone (their kernels do this already), and so is any forward that records gradients
-(training). Only the order of the additions inside each dot product changes, so the logits
+Delete the file (:func:`remembered_choice` names it) to measure again; ``python -m
+logitlab.bench`` starts by deleting every such file (:func:`forget_choices`), so that its
+timings use kernels chosen under its own conditions. A model on a GPU or a Mac is left alone
+(their kernels do this already), and so is any forward that records gradients (training). Only the order of the additions inside each dot product changes, so the logits
 agree with the plain forward to float rounding (the tests check the same greedy tokens over long
 generations).
 Attention gets two changes (:func:`gqa_attention`). SmolLM2 has 9 query heads sharing 3
@@ -318,6 +319,19 @@ def remembered_choice(folder: str | Path, linears) -> Path:
     """The file that keeps the kernel choice for this machine and these weights in ``folder``."""
     key = json.dumps([machine(), sorted({_shape(m) for m in linears}), str(linears[0].weight.dtype)])
     return Path(folder) / "fast_cpu" / f"choice-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def forget_choices(folder: str | Path) -> list[Path]:
+    """Delete every kernel and attention choice remembered in ``folder``, so that the next load of
+    each model measures again (and remembers the new choice); returns the files deleted. The
+    bench starts with it: a choice measured once, under other conditions, is never checked again,
+    and on the book's CPU one such choice (``F.linear`` for a decode step's products) made every
+    later decode step 1.6 times as long as a fresh measurement's."""
+    found = sorted((Path(folder) / "fast_cpu").glob("choice-*.json")) + sorted(
+        (Path(folder) / "fast_cpu").glob("attention-*.json"))
+    for file in found:
+        file.unlink(missing_ok=True)
+    return found
 
 
 def _read_choice(file: Path, linears) -> dict | None:

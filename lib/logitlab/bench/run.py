@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from .. import models
+from .. import fast_cpu, models
 from ..measure.table import Table, combine_runs, cpu_name
 from ..measure.timing import breakdown_table
 from .basics import bench_generate, bench_load, bench_parallel, bench_sampling
@@ -64,6 +64,9 @@ def main(argv=None) -> Table:
     parser.add_argument("--runs", type=int, default=1,
                         help="run the whole selection this many times, one run after the other, and report each row's "
                              "median with the range of its ratio over the runs (the spread a ranking must exceed)")
+    parser.add_argument("--keep-kernel-choice", action="store_true",
+                        help="use the CPU kernels remembered from an earlier load instead of measuring them afresh "
+                             "(a choice measured under other conditions can slow every decode step)")
     parser.add_argument("--json", default="bench-out/bench.json", help="where to write the results as JSON")
     args = parser.parse_args(argv)
     if args.runs < 1:
@@ -71,6 +74,9 @@ def main(argv=None) -> Table:
     if args.repeat is not None and args.repeat < 1:
         parser.error(f"--repeat must be at least 1, got {args.repeat}")
     torch.manual_seed(0)
+    if not args.keep_kernel_choice:
+        forgotten = fast_cpu.forget_choices(models.cache_dir())
+        print(f"measuring the CPU's kernels afresh (forgot {len(forgotten)} remembered choices)")
     model, tokenizer = models.load("smollm2-135m", device="cpu")
     # Every Hugging Face row runs on the model as Hugging Face gives it: no fast path.
     stock = models.load("smollm2-135m", device="cpu", fast=False)[0]
