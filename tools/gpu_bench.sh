@@ -29,7 +29,8 @@
 # (tools/drafter_corpus.sh makes it; `prepare` copies it from $PROMPTS, default
 # /work/corpus/prompts.jsonl.xz, into .device/c) travelling in the last call:
 #           run(carry=[".device/c", ".device/whl"], command="bash tools/gpu_bench.sh drafters", timeout_s=580)
-# `drafters` answers more of the corpus's prompts for GEN_SECONDS (default 150; their token ids come
+# `drafters` answers more of the corpus's prompts for GEN_SECONDS (default 150; the open chat prompts
+# first, FIRST=book,self-instruct: the style of the bench's own held-out prompts; their token ids come
 # back as $OUT/answers.npz, to move into corpus/ as the next answers-NN.npz), then trains the EAGLE
 # drafter on the whole corpus for TRAIN_SECONDS (default 240; $OUT/eagle.safetensors and its log,
 # $OUT/eagle.json), with INIT=path to continue a saved one (a drafter copied into .device/a with its
@@ -89,6 +90,7 @@ run | chapters | drafters)
         # not cost the training on the answers already made.
         "$py" -m logitlab.training.corpus generate --prompts "$prompts" --seconds "${GEN_SECONDS:-150}" \
             --batch "${GEN_BATCH:-1024}" --dtype bfloat16 --device "${DEVICE:-cuda}" --resume "${resume[@]}" \
+            --first "${FIRST:-book,self-instruct}" \
             --out /tmp/rows.pt --tokens "$OUT/answers.npz" 2>&1 | tee "$OUT/corpus.log" | tail -5 \
             || echo "the corpus's generation FAILED: read corpus.log; training on the answers already made"
         more=()
