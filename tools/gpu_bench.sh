@@ -35,12 +35,21 @@
 # drafter on the whole corpus for TRAIN_SECONDS (default 240; $OUT/eagle.safetensors and its log,
 # $OUT/eagle.json), with INIT=path to continue a saved one (a drafter copied into .device/a with its
 # .json travels in the first call: INIT=/tmp/a/eagle.safetensors). On 2026-11-29 (H200) the answers
-# came at 5,600 tokens/s, and 2,800 training steps of batch 64 took 148 s. The call carries about 56 MB of the 64 MiB allowed (the
-# repository 23 MB, .device/c 33 MB). Tried here on the CPU at small scale, without the install
+# came at 5,600 tokens/s, and 2,800 training steps of batch 64 took 148 s. DRAFT_SECONDS=60 and
+# MEDUSA_STEPS=2000 also train the draft model and the Medusa heads on the rows the generation wrote
+# (each holds out rows of its own, not the corpus's split that EAGLE's trainer uses: the draft model
+# its last 32 rows, the heads every seventh prompt counted after chapter 7's own prompts). What
+# comes back stays within the 8 files a call returns: the answers, EAGLE's weights, log and JSON,
+# the two other drafters' weights, logs.txt (the generation's, then the other trainings') and
+# gpu.txt. The call carries about 56 MB of the 64 MiB allowed (the repository 23 MB, .device/c
+# 33 MB). Tried here on the CPU at small scale, without the install
 # (/tmp/tiny.npz: 16 answers from `python -m logitlab.training.corpus generate --seconds 1 --batch 16
 # --max-new 32 --tokens /tmp/tiny.npz ...`):
 #   SKIP_INSTALL=1 PYTHON=.venv/bin/python DEVICE=cpu OUT=/tmp/out GEN_SECONDS=1 GEN_BATCH=4 TRAIN_SECONDS=20 \
 #       EAGLE_BATCH=4 RESUME=/tmp/tiny.npz PROMPTS_FILE=/work/corpus/prompts.jsonl.xz tools/gpu_bench.sh drafters
+# and with the other two drafters (/tmp/tiny64.npz: the first 64 rows of corpus/answers-03.npz, enough
+# for the draft model's 32 held-out rows; 7 minutes here): the same with RESUME=/tmp/tiny64.npz
+# DRAFT_SECONDS=5 DRAFT_BATCH=8 MEDUSA_STEPS=3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -91,8 +100,8 @@ run | chapters | drafters)
         "$py" -m logitlab.training.corpus generate --prompts "$prompts" --seconds "${GEN_SECONDS:-150}" \
             --batch "${GEN_BATCH:-1024}" --dtype bfloat16 --device "${DEVICE:-cuda}" --resume "${resume[@]}" \
             --first "${FIRST:-book,self-instruct}" \
-            --out /tmp/rows.pt --tokens "$OUT/answers.npz" 2>&1 | tee "$OUT/corpus.log" | tail -5 \
-            || echo "the corpus's generation FAILED: read corpus.log; training on the answers already made"
+            --out /tmp/rows.pt --tokens "$OUT/answers.npz" 2>&1 | tee "$OUT/logs.txt" | tail -5 \
+            || echo "the corpus's generation FAILED: read logs.txt; training on the answers already made"
         more=()
         [ -f "$OUT/answers.npz" ] && more=("$OUT/answers.npz")
         init=()
@@ -102,6 +111,18 @@ run | chapters | drafters)
             --eval-rows 300 --steps 100000 --seconds "${TRAIN_SECONDS:-240}" --batch "${EAGLE_BATCH:-64}" \
             --device "${DEVICE:-cuda}" "${init[@]}" --out "$OUT/eagle.safetensors" 2>&1 \
             | tr '\r' '\n' | grep -v "EAGLE drafter training" | tee "$OUT/eagle.log" | tail -15
+        # The draft model and the Medusa heads on the same rows (their logits recorded by the generation
+        # above), where DRAFT_SECONDS / MEDUSA_STEPS ask for them; a failure costs only its own weights.
+        if [ "${DRAFT_SECONDS:-0}" != 0 ]; then
+            "$py" -m logitlab.training.draft --data /tmp/rows.pt --steps 100000 --seconds "$DRAFT_SECONDS" \
+                --batch "${DRAFT_BATCH:-64}" --device "${DEVICE:-cuda}" --out "$OUT/draft.safetensors" 2>&1 \
+                | tee -a "$OUT/logs.txt" | tail -3 || echo "the draft model's training FAILED: read logs.txt"
+        fi
+        if [ "${MEDUSA_STEPS:-0}" != 0 ]; then
+            "$py" -m logitlab.training.medusa --data /tmp/rows.pt --steps "$MEDUSA_STEPS" --device "${DEVICE:-cuda}" \
+                --out "$OUT/heads.safetensors" 2>&1 | tr '\r' '\n' | tee -a "$OUT/logs.txt" | tail -3 \
+                || echo "the Medusa heads' training FAILED: read logs.txt"
+        fi
     elif [ "$1" = chapters ]; then
         python3 -m pytest -q -p no:cacheprovider tests/test_chapters.py -k "runs_with and (${2:?a -k expression naming chapters})" \
             --durations=0 2>&1 | tee "$OUT/chapters.log" | tail -30
