@@ -23,6 +23,38 @@ from .watermarks import bench_watermarks
 
 
 def main(argv=None) -> Table:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error(f"--runs must be at least 1, got {args.runs}")
+    if args.repeat is not None and args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, got {args.repeat}")
+    torch.manual_seed(0)
+    if not args.keep_kernel_choice:
+        forgotten = fast_cpu.forget_choices(models.cache_dir())
+        print(f"measuring the CPU's kernels afresh (forgot {len(forgotten)} remembered choices)")
+    model, tokenizer = models.load("smollm2-135m", device="cpu")
+    # Every Hugging Face row runs on the model as Hugging Face gives it: no fast path.
+    stock = models.load("smollm2-135m", device="cpu", fast=False)[0]
+    fast_path = {f"linear {out}x{in_}": per_rows for (out, in_), per_rows in model.logitlab_fast_cpu.items()}
+    print(f"CPU fast path (kernel per weight shape and number of rows): {fast_path}")
+    table, breakdown = run_repeatedly(args, model, stock, tokenizer)
+    machine = f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, device cpu"
+    print(f"Machine: {machine}")
+    print(table.markdown())
+    if breakdown:
+        print("\nWhere a pass with the fast path spends its time (module hooks; medians):\n")
+        print(breakdown_table(breakdown))
+    path = Path(args.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"machine": machine, "fast_cpu": fast_path, "runs": args.runs, "rows": table.rows,
+                                "breakdown": breakdown}, indent=2))
+    print(f"(written to {path})")
+    return table
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command's options: which sections to skip, how many repeats and runs, where the JSON goes."""
     parser = argparse.ArgumentParser(prog="python -m logitlab.bench",
                                      description="The book's performance table, as ratios measured in one run.")
     parser.add_argument("--skip-load", action="store_true", help="skip the first-load row (about 30 s)")
@@ -68,33 +100,7 @@ def main(argv=None) -> Table:
                         help="use the CPU kernels remembered from an earlier load instead of measuring them afresh "
                              "(a choice measured under other conditions can slow every decode step)")
     parser.add_argument("--json", default="bench-out/bench.json", help="where to write the results as JSON")
-    args = parser.parse_args(argv)
-    if args.runs < 1:
-        parser.error(f"--runs must be at least 1, got {args.runs}")
-    if args.repeat is not None and args.repeat < 1:
-        parser.error(f"--repeat must be at least 1, got {args.repeat}")
-    torch.manual_seed(0)
-    if not args.keep_kernel_choice:
-        forgotten = fast_cpu.forget_choices(models.cache_dir())
-        print(f"measuring the CPU's kernels afresh (forgot {len(forgotten)} remembered choices)")
-    model, tokenizer = models.load("smollm2-135m", device="cpu")
-    # Every Hugging Face row runs on the model as Hugging Face gives it: no fast path.
-    stock = models.load("smollm2-135m", device="cpu", fast=False)[0]
-    fast_path = {f"linear {out}x{in_}": per_rows for (out, in_), per_rows in model.logitlab_fast_cpu.items()}
-    print(f"CPU fast path (kernel per weight shape and number of rows): {fast_path}")
-    table, breakdown = run_repeatedly(args, model, stock, tokenizer)
-    machine = f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, device cpu"
-    print(f"Machine: {machine}")
-    print(table.markdown())
-    if breakdown:
-        print("\nWhere a pass with the fast path spends its time (module hooks; medians):\n")
-        print(breakdown_table(breakdown))
-    path = Path(args.json)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"machine": machine, "fast_cpu": fast_path, "runs": args.runs, "rows": table.rows,
-                                "breakdown": breakdown}, indent=2))
-    print(f"(written to {path})")
-    return table
+    return parser
 
 
 # The sections of the table, in the order of the book; each row records the one it belongs to.
