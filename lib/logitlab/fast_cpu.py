@@ -27,9 +27,9 @@ later loads are quicker and choose the same kernels, hence the same logits to th
 Delete the file (:func:`remembered_choice` names it) to measure again; ``python -m
 logitlab.bench`` starts by deleting every such file (:func:`forget_choices`), so that its
 timings use kernels chosen under its own conditions. A model on a GPU or a Mac is left alone
-(their kernels do this already), and so is any forward that records gradients (training). Only the order of the additions inside each dot product changes, so the logits
-agree with the plain forward to float rounding (the tests check the same greedy tokens over long
-generations).
+(their kernels do this already), and so is any forward that records gradients (training). Only
+the order of the additions inside each dot product changes, so the logits agree with the plain
+forward to float rounding (the tests check the same greedy tokens over long generations).
 Attention gets two changes (:func:`gqa_attention`). SmolLM2 has 9 query heads sharing 3
 key/value heads, and for a pass over several tokens Hugging Face's attention copies every
 key/value head three times before SDPA; SDPA can read them in place (``enable_gqa``). And a
