@@ -113,12 +113,16 @@ run | chapters | drafters)
             | tr '\r' '\n' | grep -v "EAGLE drafter training" | tee "$OUT/eagle.log" | tail -15
         # The draft model and the Medusa heads on the same rows (their logits recorded by the generation
         # above), where DRAFT_SECONDS / MEDUSA_STEPS ask for them; a failure costs only its own weights.
-        if [ "${DRAFT_SECONDS:-0}" != 0 ]; then
+        # Without the rows file (a failed generation) both trainers would generate data of their own
+        # for minutes: skip them instead.
+        if [ ! -f /tmp/rows.pt ]; then
+            echo "no /tmp/rows.pt (the generation failed): the draft model and the Medusa heads are skipped"
+        elif [ "${DRAFT_SECONDS:-0}" != 0 ]; then
             "$py" -m logitlab.training.draft --data /tmp/rows.pt --steps 100000 --seconds "$DRAFT_SECONDS" \
                 --batch "${DRAFT_BATCH:-64}" --device "${DEVICE:-cuda}" --out "$OUT/draft.safetensors" 2>&1 \
                 | tee -a "$OUT/logs.txt" | tail -3 || echo "the draft model's training FAILED: read logs.txt"
         fi
-        if [ "${MEDUSA_STEPS:-0}" != 0 ]; then
+        if [ -f /tmp/rows.pt ] && [ "${MEDUSA_STEPS:-0}" != 0 ]; then
             "$py" -m logitlab.training.medusa --data /tmp/rows.pt --steps "$MEDUSA_STEPS" --device "${DEVICE:-cuda}" \
                 --out "$OUT/heads.safetensors" 2>&1 | tr '\r' '\n' | tee -a "$OUT/logs.txt" | tail -3 \
                 || echo "the Medusa heads' training FAILED: read logs.txt"
