@@ -35,7 +35,9 @@
 # drafter on the whole corpus for TRAIN_SECONDS (default 240; $OUT/eagle.safetensors and its log,
 # $OUT/eagle.json), with INIT=path to continue a saved one (a drafter copied into .device/a with its
 # .json travels in the first call: INIT=/tmp/a/eagle.safetensors). On 2026-11-29 (H200) the answers
-# came at 5,600 tokens/s, and 2,800 training steps of batch 64 took 148 s. DRAFT_SECONDS=60 and
+# came at 5,600 tokens/s in batches of 1,024 rows and at most 262,144 cached positions; in batches of
+# GEN_BATCH=4096 rows and at most GEN_BATCH_TOKENS=1572864 positions (the defaults since) at 17,900
+# tokens/s. 2,800 EAGLE training steps of batch 64 took 148 s. DRAFT_SECONDS=60 and
 # MEDUSA_STEPS=2000 also train the draft model and the Medusa heads on the rows the generation wrote
 # (each holds out rows of its own, not the corpus's split that EAGLE's trainer uses: the draft model
 # its last 32 rows, the heads every seventh prompt counted after chapter 7's own prompts). What
@@ -98,7 +100,7 @@ run | chapters | drafters)
         # More answers (their rows, with logits, for the other trainers: /tmp/rows.pt); a failure must
         # not cost the training on the answers already made.
         "$py" -m logitlab.training.corpus generate --prompts "$prompts" --seconds "${GEN_SECONDS:-150}" \
-            --batch "${GEN_BATCH:-1024}" --dtype bfloat16 --device "${DEVICE:-cuda}" --resume "${resume[@]}" \
+            --batch "${GEN_BATCH:-4096}" --batch-tokens "${GEN_BATCH_TOKENS:-1572864}" --dtype bfloat16 --device "${DEVICE:-cuda}" --resume "${resume[@]}" \
             --first "${FIRST:-book,self-instruct}" \
             --out /tmp/rows.pt --tokens "$OUT/answers.npz" 2>&1 | tee "$OUT/logs.txt" | tail -5 \
             || echo "the corpus's generation FAILED: read logs.txt; training on the answers already made"
