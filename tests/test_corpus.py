@@ -16,6 +16,7 @@ from logitlab.training.corpus import (answer_order, batches, build_prompts, cut_
                                       teacher_forced_rows, token_rows)
 from logitlab.training.data import (choose_vocabulary, generate_with_logits, length_batches, split_held_out,
                                     steps_within)
+from logitlab.training.draft import held_out as held_out_rows
 from logitlab.training.draft import train as train_draft
 from logitlab.training.medusa import training_tensors
 
@@ -269,3 +270,42 @@ def test_the_shipped_corpus_answers_each_prompt_once_greedily_and_at_t1():
     assert all(a[-1] == im_end or len(a) == 256 for a in answers)
     for path in SHIPPED:
         assert np.load(path)["temperature"].tolist()[:4] == [0.0, 1.0, 0.0, 1.0]
+
+
+def test_draft_and_medusa_trainers_read_a_corpus_and_hold_out_eagles_rows(tmp_path):
+    """--corpus for the draft model and the Medusa heads: the target's logits recomputed, the rows of
+    every seventh prompt held out (the rows EAGLE's trainer holds out of the same files), a log beside
+    the weights."""
+    import logitlab as ll
+    from logitlab.training import draft, medusa
+    from logitlab.training.data import prompt_ids, varied_prompts
+
+    texts = [f"Name {n} animals that live in the sea." for n in range(2, 10)]  # 8 prompts, none the book's
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"source": "t0", "text": t} for t in texts])
+    model, tok = ll.load("smollm2-135m", device="cpu")
+    answers = [(torch.tensor([1] + list(range(100 + n, 108 + n))), 1, None, None) for n in range(16)]
+    save_tokens(answers, [i for i in range(8) for _ in (0, 1)], tmp_path / "a.npz")
+    rows = token_rows(tok, [tmp_path / "a.npz"], prompts)
+    _, held = split_held_out(rows, varied_prompts(tok) + prompt_ids(tok), 7)
+    assert len(held) == 2  # prompt 3: the 344th prompt counted, after the book's 340
+    common = ["--corpus", str(tmp_path / "a.npz"), "--prompts", str(prompts), "--device", "cpu", "--steps", "2"]
+    draft.main(common + ["--batch", "2", "--vocab", "64", "--held-out-every", "7", "--out", str(tmp_path / "d.safetensors")])
+    medusa.main(common + ["--batch", "8", "--out", str(tmp_path / "h.safetensors")])
+    for name in ("d", "h"):
+        log = json.loads((tmp_path / f"{name}.json").read_text())
+        assert (log["rows"], log["held_out_rows"]) == (14, 2) and log["held_out_new_tokens"] == 16
+        assert log["recipe"]["corpus"] == [str(tmp_path / "a.npz")]
+    log = json.loads((tmp_path / "d.json").read_text())
+    assert log["steps_run"] == 2 and len(log["held_out"]["first_guess_accuracy"]) == 2
+    assert 0 <= min(log["held_out"]["first_guess_accuracy"]) <= max(log["held_out"]["first_guess_accuracy"]) <= 1
+    assert len(json.loads((tmp_path / "h.json").read_text())["held_out_top3"]) == 4  # per head
+    with pytest.raises(SystemExit):
+        draft.main(["--corpus", str(tmp_path / "a.npz")])  # no prompts file
+
+
+def test_the_draft_trainer_holds_out_its_last_rows_without_a_prompt_split():
+    rows = [(torch.tensor([1, 2, n]), 2, None, None) for n in range(40)]
+    train, held = held_out_rows(rows, None, None)
+    assert train == rows[:8] and held == rows[8:]
+    with pytest.raises(ValueError, match="last 32 rows leaves none of its 32 to train on"):
+        held_out_rows(rows[:32], None, None)

@@ -38,19 +38,19 @@
 # came at 5,600 tokens/s in batches of 1,024 rows and at most 262,144 cached positions; in batches of
 # GEN_BATCH=4096 rows and at most GEN_BATCH_TOKENS=1572864 positions (the defaults since) at 17,900
 # tokens/s. 2,800 EAGLE training steps of batch 64 took 148 s. DRAFT_SECONDS=60 and
-# MEDUSA_STEPS=2000 also train the draft model and the Medusa heads on the rows the generation wrote
-# (each holds out rows of its own, not the corpus's split that EAGLE's trainer uses: the draft model
-# its last 32 rows, the heads every seventh prompt counted after chapter 7's own prompts). What
-# comes back stays within the 8 files a call returns: the answers, EAGLE's weights, log and JSON,
-# the two other drafters' weights, logs.txt (the generation's, then the other trainings') and
-# gpu.txt. The call carries about 56 MB of the 64 MiB allowed (the repository 23 MB, .device/c
-# 33 MB). Tried here on the CPU at small scale, without the install
+# MEDUSA_STEPS=2000 also train the draft model (DRAFT_LAYERS, default 1) and the Medusa heads on the
+# rows the generation wrote (their logits recorded as it went; the rows in the order of the token
+# files, so each trainer holds out the rows EAGLE's does: those of every seventh prompt). What comes
+# back stays within the 8 files a call returns: the answers, each drafter's weights and JSON log,
+# and logs.txt (the GPU's name, the generation's output, then the trainings'). The call carries
+# about 56 MB of the 64 MiB allowed (the repository 23 MB, .device/c 33 MB). Tried here on the CPU
+# at small scale, without the install
 # (/tmp/tiny.npz: 16 answers from `python -m logitlab.training.corpus generate --seconds 1 --batch 16
 # --max-new 32 --tokens /tmp/tiny.npz ...`):
 #   SKIP_INSTALL=1 PYTHON=.venv/bin/python DEVICE=cpu OUT=/tmp/out GEN_SECONDS=1 GEN_BATCH=4 TRAIN_SECONDS=20 \
 #       EAGLE_BATCH=4 RESUME=/tmp/tiny.npz PROMPTS_FILE=/work/corpus/prompts.jsonl.xz tools/gpu_bench.sh drafters
 # and with the other two drafters (/tmp/tiny64.npz: the first 64 rows of corpus/answers-03.npz, enough
-# for the draft model's 32 held-out rows; 7 minutes here): the same with RESUME=/tmp/tiny64.npz
+# prompts for every trainer's held-out rows; 7 minutes here): the same with RESUME=/tmp/tiny64.npz
 # DRAFT_SECONDS=5 DRAFT_BATCH=8 MEDUSA_STEPS=3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -89,7 +89,9 @@ run | chapters | drafters)
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
             .device/whl/*.whl "${extra[@]}" "$wheel"
         export PYTHONPATH="/tmp/site:$PWD/lib" LOGITLAB_CACHE=/tmp/logitlab-cache
-        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+        gpu="$OUT/gpu.txt"
+        [ "$1" = drafters ] && gpu="$OUT/logs.txt"  # the drafters' files fill the 8 a call returns
+        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$gpu"
     fi
     export PYTHONUNBUFFERED=1
     if [ "$1" = drafters ]; then
@@ -100,9 +102,10 @@ run | chapters | drafters)
         # More answers (their rows, with logits, for the other trainers: /tmp/rows.pt); a failure must
         # not cost the training on the answers already made.
         "$py" -m logitlab.training.corpus generate --prompts "$prompts" --seconds "${GEN_SECONDS:-150}" \
-            --batch "${GEN_BATCH:-4096}" --batch-tokens "${GEN_BATCH_TOKENS:-1572864}" --dtype bfloat16 --device "${DEVICE:-cuda}" --resume "${resume[@]}" \
+            --batch "${GEN_BATCH:-4096}" --batch-tokens "${GEN_BATCH_TOKENS:-1572864}" --dtype bfloat16 \
+            --device "${DEVICE:-cuda}" --resume "${resume[@]}" \
             --first "${FIRST:-book,self-instruct}" \
-            --out /tmp/rows.pt --tokens "$OUT/answers.npz" 2>&1 | tee "$OUT/logs.txt" | tail -5 \
+            --out /tmp/rows.pt --tokens "$OUT/answers.npz" 2>&1 | tee -a "$OUT/logs.txt" | tail -5 \
             || echo "the corpus's generation FAILED: read logs.txt; training on the answers already made"
         more=()
         [ -f "$OUT/answers.npz" ] && more=("$OUT/answers.npz")
@@ -112,7 +115,7 @@ run | chapters | drafters)
             --feature-dtype bfloat16 --target-dtype bfloat16 --train-dtype bfloat16 --unroll 2 --vocab 4096 \
             --eval-rows 300 --steps 100000 --seconds "${TRAIN_SECONDS:-240}" --batch "${EAGLE_BATCH:-64}" \
             --device "${DEVICE:-cuda}" "${init[@]}" --out "$OUT/eagle.safetensors" 2>&1 \
-            | tr '\r' '\n' | grep -v "EAGLE drafter training" | tee "$OUT/eagle.log" | tail -15
+            | tr '\r' '\n' | grep -v "EAGLE drafter training" | tee -a "$OUT/logs.txt" | tail -15
         # The draft model and the Medusa heads on the same rows (their logits recorded by the generation
         # above), where DRAFT_SECONDS / MEDUSA_STEPS ask for them; a failure costs only its own weights.
         # Without the rows file (a failed generation) both trainers would generate data of their own
@@ -120,13 +123,15 @@ run | chapters | drafters)
         if [ ! -f /tmp/rows.pt ]; then
             echo "no /tmp/rows.pt (the generation failed): the draft model and the Medusa heads are skipped"
         elif [ "${DRAFT_SECONDS:-0}" != 0 ]; then
-            "$py" -m logitlab.training.draft --data /tmp/rows.pt --steps 100000 --seconds "$DRAFT_SECONDS" \
-                --batch "${DRAFT_BATCH:-64}" --device "${DEVICE:-cuda}" --out "$OUT/draft.safetensors" 2>&1 \
+            "$py" -m logitlab.training.draft --data /tmp/rows.pt --held-out-every 7 --steps 100000 \
+                --seconds "$DRAFT_SECONDS" --layers "${DRAFT_LAYERS:-1}" --batch "${DRAFT_BATCH:-64}" \
+                --device "${DEVICE:-cuda}" --out "$OUT/draft.safetensors" 2>&1 \
                 | tee -a "$OUT/logs.txt" | tail -3 || echo "the draft model's training FAILED: read logs.txt"
         fi
         if [ -f /tmp/rows.pt ] && [ "${MEDUSA_STEPS:-0}" != 0 ]; then
-            "$py" -m logitlab.training.medusa --data /tmp/rows.pt --steps "$MEDUSA_STEPS" --device "${DEVICE:-cuda}" \
-                --out "$OUT/heads.safetensors" 2>&1 | tr '\r' '\n' | tee -a "$OUT/logs.txt" | tail -3 \
+            "$py" -m logitlab.training.medusa --data /tmp/rows.pt --steps "$MEDUSA_STEPS" --state-batch 256 \
+                --device "${DEVICE:-cuda}" --out "$OUT/heads.safetensors" 2>&1 | tr '\r' '\n' \
+                | tee -a "$OUT/logs.txt" | tail -3 \
                 || echo "the Medusa heads' training FAILED: read logs.txt"
         fi
     elif [ "$1" = chapters ]; then

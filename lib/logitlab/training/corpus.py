@@ -248,6 +248,28 @@ def token_rows(tok, token_files: list[Path], prompts_file: Path) -> list:
     return [(torch.tensor(prompts[i] + a), len(prompts[i]), None, None) for i, a in zip(sources, answers)]
 
 
+def logit_rows(model, tok, token_files: list[Path], prompts_file: Path) -> list:
+    """The rows of the token files with the target's top-64 logits at every answer position, from
+    one teacher-forced pass: what the trainers that learn the target's distribution read (the
+    draft model, the Medusa heads). A GPU makes them for millions of tokens in a minute; a CPU
+    at a few hundred tokens a second in float32."""
+    rows = token_rows(tok, token_files, prompts_file)
+    return teacher_forced_rows(model, [r[0][: r[1]].tolist() for r in rows], [r[0][r[1]:].tolist() for r in rows])
+
+
+def add_corpus_arguments(parser, reads: str) -> None:
+    """The options that name a corpus (``--corpus`` token files, ``--prompts`` their prompts file)
+    for a trainer; ``reads`` says what the trainer takes from it, for the help."""
+    parser.add_argument("--corpus", nargs="+", type=Path, help="instead of --data: the token files of a corpus "
+                        f"(logitlab.training.corpus, e.g. corpus/*.npz), {reads}")
+    parser.add_argument("--prompts", type=Path, help="with --corpus: the prompts file they answer")
+
+
+def check_corpus_arguments(parser, args) -> None:
+    if args.corpus and not args.prompts:
+        parser.error("--corpus needs --prompts (the prompts file its token files answer)")
+
+
 @torch.inference_mode()
 def teacher_forced_rows(model, prompts: list[list[int]], answers: list[list[int]], k: int = 64, batch: int = 64):
     """Rows ``(tokens, new_from, topv, topi)`` for answers made earlier (a token file): one pass over

@@ -10,9 +10,11 @@ float16, topi [n, k] int32)``: positions ``new_from - 1 .. L - 2`` predict the n
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
+from pathlib import Path
 
 import torch
 
@@ -282,6 +284,18 @@ def new_token_states(body, rows) -> list[torch.Tensor]:
     return [hidden[b, s - 1: len(t) - 1] for b, (t, s, _, _) in enumerate(rows)]
 
 
+
+
+def data_summary(data, held) -> dict:
+    """The size of a training's data, for its log: rows and answer tokens, trained on and held out."""
+    return {"rows": len(data), "held_out_rows": len(held), "new_tokens": sum(len(r[0]) - r[1] for r in data),
+            "held_out_new_tokens": sum(len(r[0]) - r[1] for r in held)}
+
+
+def write_log(out: str | Path, log: dict) -> None:
+    """A training's log as JSON beside its weights (``drafter.safetensors`` -> ``drafter.json``):
+    the recipe, the data, the times and the curves a chapter shows. Paths are written as text."""
+    Path(out).with_suffix(".json").write_text(json.dumps(log, indent=1, default=str))
 
 
 def machine(model) -> str:

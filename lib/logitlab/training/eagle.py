@@ -51,10 +51,11 @@ from .. import fast_cpu, fast_gpu
 from ..decoding.passes import forward
 from ..devices import generator as seeded_generator
 from ..speculative.eagle import FeatureDrafter, load_pretrained, save_drafter
-from .corpus import token_rows
+from .corpus import add_corpus_arguments, check_corpus_arguments, token_rows
 from .data import (
     cached,
     choose_vocabulary,
+    data_summary,
     length_batches,
     load_or_make_data,
     machine,
@@ -63,6 +64,7 @@ from .data import (
     split_held_out,
     steps_within,
     varied_prompts,
+    write_log,
 )
 
 
@@ -293,9 +295,7 @@ def arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--layers", help="fuse these target layers' outputs, e.g. 8,16,30 (the last must be the top)")
     parser.add_argument("--gen-seconds", type=float, default=900, help="time budget for generating data")
     parser.add_argument("--data", help="the generated data as a torch file (reused if it exists)")
-    parser.add_argument("--corpus", nargs="+", type=Path, help="instead of --data: the token files of a corpus "
-                        "(logitlab.training.corpus, e.g. corpus/*.npz), read without recomputing the target's logits")
-    parser.add_argument("--prompts", type=Path, help="with --corpus: the prompts file they answer")
+    add_corpus_arguments(parser, "read as text (this trainer records the target's features itself)")
     parser.add_argument("--features", help="cache the target's features in this torch file")
     parser.add_argument("--held-out-every", type=int, default=7)
     parser.add_argument("--train-rows", type=int, help="train on a seeded sample of this many rows (default all)")
@@ -317,8 +317,7 @@ def arguments(argv=None) -> argparse.Namespace:
                         "vocabulary; --vocab is then not used)")
     parser.add_argument("--out", default="eagle.safetensors")
     args = parser.parse_args(argv)
-    if args.corpus and not args.prompts:
-        parser.error("--corpus needs --prompts (the prompts file its token files answer)")
+    check_corpus_arguments(parser, args)
     return args
 
 
@@ -366,12 +365,10 @@ def main(argv=None):
     print(f"held-out accuracy (first, second guess): {curve[-1][1:]}")
     save_drafter(drafter, args.out)
     # What the chapter shows of the training: the recipe, the data, the times and the curves.
-    log = {"recipe": vars(args), "rows": len(data), "held_out_rows": len(held),
-           "new_tokens": sum(len(r[0]) - r[1] for r in data), "held_out_new_tokens": sum(len(r[0]) - r[1] for r in held),
-           "feature_seconds": round(feature_seconds), "train_seconds": round(train_seconds),
+    log = {"recipe": vars(args), **data_summary(data, held), "feature_seconds": round(feature_seconds), "train_seconds": round(train_seconds),
            "loss": [round(x, 4) for x in history], "held_out_accuracy": [[0, *before]] + curve,
            "steps_run": len(history), "runs_before": runs_before(args.init), "machine": machine(model)}
-    Path(args.out).with_suffix(".json").write_text(json.dumps(log, indent=1, default=str))  # paths as text
+    write_log(args.out, log)
     print(f"saved {args.out} ({os.path.getsize(args.out) / 1e6:.1f} MB) and its training log; "
           f"{time.perf_counter() - start:.0f} s in all")
 

@@ -19,6 +19,11 @@ most likely token k + 1 places ahead is head k's first guess): 0.27, 0.15, 0.12,
 reached 0.24 on held-out prompts and 0.42 on rows of prompts it had seen: few contexts are
 memorised, hence the varied prompts.
 
+``--corpus corpus/*.npz --prompts prompts.jsonl.xz`` trains on the repository's corpus instead
+(``logitlab.training.corpus``; the target's logits recomputed in one pass, a minute on a GPU),
+holding out the rows the EAGLE trainer holds out. The log written beside the heads
+(``heads.json``) gives the recipe, the data, the times and the held-out accuracies.
+
 Why this design:
 
 * Head k reads the hidden state ``h_t`` at position t (the one that predicts token t + 1) and
@@ -43,14 +48,18 @@ import torch
 import torch.nn.functional as F
 
 from ..speculative.medusa_heads import MedusaHeads, save_heads
+from .corpus import add_corpus_arguments, check_corpus_arguments, logit_rows
 from .data import (
     cached,
     choose_vocabulary,
+    data_summary,
     load_or_make_data,
+    machine,
     new_token_states,
     prompt_ids,
     split_held_out,
     varied_prompts,
+    write_log,
 )
 
 
@@ -145,6 +154,7 @@ def main(argv=None):
     parser.add_argument("--data", help="the generated data as a torch file (reused if it exists; "
                                        "logitlab.training.draft's file works)")
     parser.add_argument("--also", nargs="*", default=[], help="more data files to train on (logitlab.training.draft's)")
+    add_corpus_arguments(parser, "with the target's logits recomputed in one pass")
     parser.add_argument("--weight-decay", type=float, default=0.0)
     parser.add_argument("--held-out-every", type=int, default=7,
                         help="the rows of every N-th prompt are held out, to measure the accuracy")
@@ -153,10 +163,14 @@ def main(argv=None):
     parser.add_argument("--device", help="cuda, mps or cpu (default: the best there is)")
     parser.add_argument("--state-batch", type=int, default=16, help="rows per pass when recording hidden states")
     args = parser.parse_args(argv)
+    check_corpus_arguments(parser, args)
     torch.manual_seed(0)
 
     model, tok = ll.load("smollm2-135m", device=args.device)
-    data = load_or_make_data(model, tok, args.data, args.gen_seconds, prompts=varied_prompts(tok))
+    if args.corpus:
+        data = logit_rows(model, tok, args.corpus, args.prompts)
+    else:
+        data = load_or_make_data(model, tok, args.data, args.gen_seconds, prompts=varied_prompts(tok))
     for path in args.also:
         data += torch.load(path)
     data, held = split_held_out(data, varied_prompts(tok) + prompt_ids(tok), args.held_out_every)
@@ -166,18 +180,24 @@ def main(argv=None):
                                                        hidden_states(model, held, args.state_batch)))
     train_t = training_tensors(data, states, vocab, model.config.vocab_size, args.heads)
     held_t = training_tensors(held, held_states, vocab, model.config.vocab_size, args.heads)
-    print(f"hidden states of {len(train_t[0])} positions ({len(held_t[0])} held out) in "
-          f"{time.perf_counter() - t0:.0f} s")
+    state_seconds = time.perf_counter() - t0
+    print(f"hidden states of {len(train_t[0])} positions ({len(held_t[0])} held out) in {state_seconds:.0f} s")
     heads = MedusaHeads(model.lm_head.weight, args.heads, vocab).to(model.device)
-    print(f"held-out top-1 accuracy before training: {[round(a, 3) for a in accuracy(heads, *held_t)]}")
+    before = [round(a, 4) for a in accuracy(heads, *held_t)]
+    print(f"held-out top-1 accuracy before training: {before}")
     t0 = time.perf_counter()
     train(heads, train_t, args.steps, args.lr, args.batch, args.weight_decay,
           evaluate=lambda: [round(a, 3) for a in accuracy(heads, *held_t)])
-    print(f"trained {args.steps} steps in {time.perf_counter() - t0:.0f} s")
-    for top in (1, 3):
-        print(f"held-out top-{top} accuracy per head: {[round(a, 3) for a in accuracy(heads, *held_t, top=top)]}")
+    train_seconds = time.perf_counter() - t0
+    print(f"trained {args.steps} steps in {train_seconds:.0f} s")
+    after = {top: [round(a, 4) for a in accuracy(heads, *held_t, top=top)] for top in (1, 3)}
+    for top, per_head in after.items():
+        print(f"held-out top-{top} accuracy per head: {per_head}")
     save_heads(heads, args.out)
-    print(f"saved {args.out} ({os.path.getsize(args.out) / 1e6:.1f} MB)")
+    write_log(args.out, {"recipe": vars(args), **data_summary(data, held), "state_seconds": round(state_seconds),
+                         "train_seconds": round(train_seconds), "held_out_top1_before": before,
+                         "held_out_top1": after[1], "held_out_top3": after[3], "machine": machine(model)})
+    print(f"saved {args.out} ({os.path.getsize(args.out) / 1e6:.1f} MB) and its training log")
 
 
 if __name__ == "__main__":
