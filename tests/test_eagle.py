@@ -101,6 +101,9 @@ def test_a_training_continues_from_a_saved_drafter(trained, tmp_path):
     (tmp_path / "d.json").write_text(json.dumps({"steps_run": 521, "train_seconds": 3196,
                                                  "runs_before": {"steps": 100, "train_seconds": 600}}))
     assert runs_before(tmp_path / "d.safetensors") == {"steps": 621, "train_seconds": 3796}
+    shipped = json.loads(ll.speculative.eagle.PRETRAINED.with_suffix(".json").read_text())["runs"]
+    assert runs_before(ll.speculative.eagle.PRETRAINED) == {"steps": sum(r["steps_run"] for r in shipped),
+                                                            "train_seconds": sum(r["train_seconds"] for r in shipped)}
 
 
 def test_an_untrained_drafter_is_the_targets_first_layer_reading_only_the_token():
@@ -319,7 +322,10 @@ def test_shipped_drafter_is_small_greedy_exact_and_trained():
     model, tokenizer = ll.load("smollm2-135m", device="cpu")
     assert ll.speculative.eagle.PRETRAINED.stat().st_size <= 10e6
     log = json.loads(ll.speculative.eagle.PRETRAINED.with_suffix(".json").read_text())
-    assert len(log["loss"]) == log["recipe"]["steps"] and log["held_out_accuracy"][-1][0] == log["recipe"]["steps"]
+    for run in log["runs"]:  # every step logged, the held-out accuracy measured after the last
+        assert len(run["loss"]) == run["steps_run"] == run["held_out_accuracy"][-1][0]
+    for before, after in zip(log["runs"], log["runs"][1:]):  # each run continued the one before
+        assert after["held_out_accuracy"][0][1:] == pytest.approx(before["held_out_accuracy"][-1][1:], abs=2e-3)
     drafter = load_pretrained(model)
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Explain how a refrigerator keeps food cold."}],
                                            add_generation_prompt=True, tokenize=False)

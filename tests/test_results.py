@@ -28,7 +28,8 @@ def test_the_prose_about_the_run_quotes_the_run():
     quoted = set(re.findall(r"(\d+\.\d\d)x", reading))
     earlier = (ROOT / "book" / "benchmark_history.md").read_text()
     tables = (results.run_markdown(results.bench_run()) + results.spec_bench_markdown(results.spec_bench_run())
-              + results.spec_bench_markdown(results.training_free_run()))
+              + results.spec_bench_markdown(results.training_free_run())
+              + results.spec_bench_markdown(results.eagle_retrained_run()))
     measured = set(re.findall(r"(\d+\.\d\d)x", tables + earlier))
     assert quoted and quoted <= measured, f"ratios quoted but not in the run: {sorted(quoted - measured)}"
     assert text.index("## Summary") < text.index(results.PAGE_BEGIN)  # the reading comes first
@@ -79,6 +80,20 @@ def test_the_shipped_training_free_run_is_three_runs_of_those_drafters_on_every_
     assert {t for t, _ in cells} == {0.0, 1.0} and all(set(by) == set(TASKS) for by in cells.values())
     text = (ROOT / "book" / "benchmarks.md").read_text()
     block = text[text.index(results.FREE_BEGIN) + len(results.FREE_BEGIN):text.index(results.FREE_END)]
+    assert block.strip() == results.spec_bench_markdown(run).strip(), \
+        "book/benchmarks.md is stale: run ll.results.write_into_page('book/benchmarks.md')"
+
+
+def test_the_shipped_retrained_eagle_run_is_three_runs_of_its_chain_and_tree_on_every_task():
+    from logitlab.spec_bench import TASKS
+
+    run = results.eagle_retrained_run()
+    assert run["runs"] == 3 and all(len(r["seconds_runs"]) == 3 for r in run["rows"])
+    cells = results.spec_bench_cells(run)
+    assert {m for _, m in cells} == {"ll.generate", "EAGLE chain (gamma=3)", "EAGLE tree (top_k=3, 10 nodes, depth 4)"}
+    assert {t for t, _ in cells} == {0.0, 1.0} and all(set(by) == set(TASKS) for by in cells.values())
+    text = (ROOT / "book" / "benchmarks.md").read_text()
+    block = text[text.index(results.EAGLE_BEGIN) + len(results.EAGLE_BEGIN):text.index(results.EAGLE_END)]
     assert block.strip() == results.spec_bench_markdown(run).strip(), \
         "book/benchmarks.md is stale: run ll.results.write_into_page('book/benchmarks.md')"
 

@@ -1,6 +1,6 @@
 """The measurements the book ships, for the closing chapter ("Choosing a decoder") and chapter 10.
 
-Six files in ``logitlab/data``:
+Seven files in ``logitlab/data``:
 
 * ``bench_cpu.json``: one whole run of ``python -m logitlab.bench`` on the book's 2-core CPU,
   every row (measurement, median seconds, ratio, what the ratio is against) and the machine;
@@ -9,6 +9,8 @@ Six files in ``logitlab/data``:
   (``--runs 3``): each row's median and every run's ratio, the spread a ranking must exceed;
 * ``bench_training_free_cpu.json``: the same section with only the drafters that need no
   training (``--spec-bench-drafters 'lookup|suffix|Recycling'``, chapter 10), three runs;
+* ``bench_spec_bench_eagle_cpu.json``: the same section with only the EAGLE drafter
+  (``--spec-bench-drafters EAGLE``), three runs, measured again after the drafter was retrained;
 * ``bench_watermarks_cpu.json``: the bench's watermark section alone (chapter 12: three marks
   and keyed speculative sampling against ``ll.generate``), run three times on the same CPU;
 * ``gpu_pass_costs_h100.json``: the cost of a forward pass of SmolLM2-135M over n new tokens on
@@ -100,15 +102,18 @@ def run_markdown(run: dict) -> str:
 PAGE_BEGIN, PAGE_END = "% BEGIN the shipped bench run", "% END the shipped bench run"
 SPEC_BENCH_BEGIN, SPEC_BENCH_END = "% BEGIN the shipped Spec-Bench run", "% END the shipped Spec-Bench run"
 FREE_BEGIN, FREE_END = "% BEGIN the shipped training-free run", "% END the shipped training-free run"
+EAGLE_BEGIN, EAGLE_END = "% BEGIN the shipped retrained-EAGLE run", "% END the shipped retrained-EAGLE run"
 MARKS_BEGIN, MARKS_END = "% BEGIN the shipped watermark run", "% END the shipped watermark run"
 
 
 def write_into_page(page: str | Path, run: dict | None = None, spec_bench: dict | None = None,
-                    training_free: dict | None = None, watermarks: dict | None = None) -> None:
+                    training_free: dict | None = None, watermarks: dict | None = None,
+                    eagle: dict | None = None) -> None:
     """Replace the tables between ``PAGE_BEGIN`` and ``PAGE_END`` in ``page`` (the benchmarks
     page) with ``run_markdown(run)`` (default: the shipped run), and those between
-    ``SPEC_BENCH_BEGIN`` and ``SPEC_BENCH_END`` (``FREE_BEGIN`` and ``FREE_END``) with
-    ``spec_bench_markdown`` of the shipped Spec-Bench run (training-free run) or of the one given,
+    ``SPEC_BENCH_BEGIN`` and ``SPEC_BENCH_END`` (``FREE_BEGIN`` and ``FREE_END``, ``EAGLE_BEGIN``
+    and ``EAGLE_END``) with ``spec_bench_markdown`` of the shipped Spec-Bench run (training-free
+    run, retrained-EAGLE run) or of the one given,
     after a new run is shipped; a pair of lines the page does not have is left out."""
     page = Path(page)
     text = page.read_text()
@@ -117,6 +122,7 @@ def write_into_page(page: str | Path, run: dict | None = None, spec_bench: dict 
                                   lambda: spec_bench_markdown(spec_bench or spec_bench_run())),
                                  (FREE_BEGIN, FREE_END,
                                   lambda: spec_bench_markdown(training_free or training_free_run())),
+                                 (EAGLE_BEGIN, EAGLE_END, lambda: spec_bench_markdown(eagle or eagle_retrained_run())),
                                  (MARKS_BEGIN, MARKS_END, lambda: run_markdown(watermarks or watermark_run()))]:
         if begin not in text:
             continue
@@ -130,6 +136,13 @@ def training_free_run(path: str | Path | None = None) -> dict:
     lookup, the suffix automaton, Token Recycling (from an empty table, and from one warmed on
     other prompts) and the combination, beside ``ll.generate``, three runs."""
     return bench_run(path or DATA / "bench_training_free_cpu.json")
+
+
+def eagle_retrained_run(path: str | Path | None = None) -> dict:
+    """The shipped Spec-Bench run of the EAGLE drafter alone (chain and dynamic tree, beside
+    ``ll.generate``), three runs, taken after its retraining; the full Spec-Bench run's EAGLE rows
+    are those of the drafter shipped before."""
+    return bench_run(path or DATA / "bench_spec_bench_eagle_cpu.json")
 
 
 def watermark_run(path: str | Path | None = None) -> dict:

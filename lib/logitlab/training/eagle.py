@@ -265,6 +265,9 @@ def runs_before(init: str | Path | None) -> dict:
     if log is None or not log.exists():
         return {"steps": 0, "train_seconds": 0}
     earlier = json.loads(log.read_text())
+    if "runs" in earlier:  # the shipped drafter's log: every run that made it, one after the other
+        return {"steps": sum(run["steps_run"] for run in earlier["runs"]),
+                "train_seconds": sum(run["train_seconds"] for run in earlier["runs"])}
     before = earlier.get("runs_before", {"steps": 0, "train_seconds": 0})
     return {"steps": before["steps"] + earlier["steps_run"],
             "train_seconds": before["train_seconds"] + earlier["train_seconds"]}
