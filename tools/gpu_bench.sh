@@ -34,10 +34,11 @@
 # back as $OUT/answers.npz, to move into corpus/ as the next answers-NN.npz), then trains the EAGLE
 # drafter on the whole corpus for TRAIN_SECONDS (default 240; $OUT/eagle.safetensors and its log,
 # $OUT/eagle.json), with INIT=path to continue a saved one (a drafter copied into .device/a with its
-# .json travels in the first call: INIT=/tmp/a/eagle.safetensors). On 2026-11-29 (H200) the answers
-# came at 5,600 tokens/s in batches of 1,024 rows and at most 262,144 cached positions; in batches of
-# GEN_BATCH=4096 rows and at most GEN_BATCH_TOKENS=1572864 positions (the defaults since) at 17,900
-# tokens/s. 2,800 EAGLE training steps of batch 64 took 148 s. DRAFT_SECONDS=60 and
+# .json travels in the first call; `prepare` puts the shipped one there:
+# INIT=/tmp/a/eagle.safetensors). On 2026-11-29 (H200) the answers came at 5,600 tokens/s in batches
+# of 1,024 rows and at most 262,144 cached positions; in batches of GEN_BATCH=4096 rows and at most
+# GEN_BATCH_TOKENS=1572864 positions (the defaults since) at 17,900 tokens/s. 2,800 EAGLE training
+# steps of batch 64 took 148 s. DRAFT_SECONDS=60 and
 # MEDUSA_STEPS=2000 also train the draft model (DRAFT_LAYERS, default 1) and the Medusa heads on the
 # rows the generation wrote (their logits recorded as it went; the rows in the order of the token
 # files, so each trainer holds out the rows EAGLE's does: those of every seventh prompt). What comes
@@ -68,6 +69,9 @@ prepare)
     for p in a b c; do mkdir -p .device/$p; done
     mv .device/part-00 .device/a/; mv .device/part-01 .device/b/; mv .device/part-02 .device/c/
     basename .device/model/*.whl > .device/c/name
+    # The shipped EAGLE drafter and its log travel with part a, for INIT=/tmp/a/eagle.safetensors.
+    cp lib/logitlab/data/eagle_smollm2_135m.safetensors .device/a/eagle.safetensors
+    cp lib/logitlab/data/eagle_smollm2_135m.json .device/a/eagle.json
     cp "${PROMPTS:-/work/corpus/prompts.jsonl.xz}" .device/c/prompts.jsonl.xz
     rm -rf .device/model
     # The notebook client and kernel, less what the image has and what running a notebook never
