@@ -232,6 +232,8 @@ def test_held_out_split_also_splits_prompts_only_the_data_knows():
         split_held_out([row([1]), row([1])], listed, every=2)  # its only prompt is held out
     with pytest.raises(ValueError, match="leaves 1 rows to train on and 0 to measure"):
         split_held_out([row([2])], listed, every=2)
+    with pytest.raises(ValueError, match="held_out_every must be a whole number of at least 1 .*got 0"):
+        split_held_out(old, listed, every=0)
 
 
 def test_draft_training_rejects_a_batch_larger_than_the_data():

@@ -225,6 +225,9 @@ def split_held_out(data, prompts: list[list[int]], every: int) -> tuple[list, li
     random split of rows would measure memory, not prediction: the same prompt's greedy
     continuation repeats in the data. Prompts of the data that ``prompts`` does not list follow
     it in the order the data first shows them."""
+    if every < 1:
+        raise ValueError(f"held_out_every must be a whole number of at least 1 (one prompt in that many), "
+                         f"got {every!r}")
     listed = [tuple(p) for p in prompts]
     known = set(listed)
     for r in data:  # the prompts of a corpus (logitlab.training.corpus) are in the data alone

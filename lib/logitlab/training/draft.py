@@ -225,5 +225,6 @@ def main(argv=None):
                          "machine": machine(model)})
     print(f"saved {args.out} ({os.path.getsize(args.out) / 1e6:.1f} MB) and its training log")
 
+
 if __name__ == "__main__":
     main()
