@@ -18,7 +18,7 @@ from logitlab.training.data import (choose_vocabulary, generate_with_logits, len
                                     steps_within)
 from logitlab.training.draft import held_out as held_out_rows
 from logitlab.training.draft import train as train_draft
-from logitlab.training.medusa import training_tensors
+from logitlab.training.medusa import hidden_states, training_tensors, with_top_logits
 
 
 def write_jsonl(path, rows):
@@ -164,6 +164,21 @@ def test_a_resumed_corpus_recomputes_the_logits_generation_recorded(tmp_path):
     assert sources == [0, 1, 2] and answers == [r[0][r[1]:].tolist() for r in rows]
     again = teacher_forced_rows(model, prompts, answers, k=4, batch=2)  # two batches, right padding
     for (tokens, start, v, i), (t2, s2, v2, i2) in zip(rows, again):
+        assert torch.equal(tokens, t2) and start == s2 and torch.equal(i, i2)
+        torch.testing.assert_close(v.float(), v2.float(), atol=2e-3, rtol=0)
+
+
+def test_medusa_states_give_the_logits_generation_recorded_in_the_rows_order():
+    """The Medusa trainer's one pass over a corpus read as text: states recorded in batches sorted
+    by length come back in the rows' order, and the output layer on them gives the top-k logits
+    the generation recorded (as teacher_forced_rows does from its own pass)."""
+    model = tiny_llama(2, 0, vocab=12)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
+    rows = generate_with_logits(model, prompts, [0.0, 1.0, 1.0, 0.0], 12, 4, torch.Generator().manual_seed(1))
+    text = [(tokens, start, None, None) for tokens, start, _, _ in rows]
+    states = hidden_states(model, text, batch=3)  # [2, 1, 0] by length, then [3]
+    assert [len(h) for h in states] == [len(r[0]) - r[1] for r in rows]
+    for (tokens, start, v, i), (t2, s2, v2, i2) in zip(rows, with_top_logits(model, text, states, k=4)):
         assert torch.equal(tokens, t2) and start == s2 and torch.equal(i, i2)
         torch.testing.assert_close(v.float(), v2.float(), atol=2e-3, rtol=0)
 
