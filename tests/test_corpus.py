@@ -289,12 +289,12 @@ def test_the_shipped_corpus_answers_each_prompt_once_greedily_and_at_t1():
         assert np.load(path)["temperature"].tolist()[:4] == [0.0, 1.0, 0.0, 1.0]
 
 
-def test_draft_and_medusa_trainers_read_a_corpus_and_hold_out_eagles_rows(tmp_path):
-    """--corpus for the draft model and the Medusa heads: the target's logits recomputed, the rows of
+def test_draft_medusa_and_pass_trainers_read_a_corpus_and_hold_out_eagles_rows(tmp_path):
+    """--corpus for the draft model, the Medusa heads and PaSS's embeddings: the target's logits recomputed, the rows of
     every seventh prompt held out (the rows EAGLE's trainer holds out of the same files), a log beside
     the weights."""
     import logitlab as ll
-    from logitlab.training import draft, medusa
+    from logitlab.training import draft, lookahead, medusa
     from logitlab.training.data import prompt_ids, varied_prompts
 
     texts = [f"Name {n} animals that live in the sea." for n in range(2, 10)]  # 8 prompts, none the book's
@@ -316,6 +316,14 @@ def test_draft_and_medusa_trainers_read_a_corpus_and_hold_out_eagles_rows(tmp_pa
     assert log["steps_run"] == 2 and len(log["held_out"]["first_guess_accuracy"]) == 2
     assert 0 <= min(log["held_out"]["first_guess_accuracy"]) <= max(log["held_out"]["first_guess_accuracy"]) <= 1
     assert len(json.loads((tmp_path / "h.json").read_text())["held_out_top3"]) == 4  # per head
+    # PaSS on a sample of the training rows; only answers longer than k serve (these have 8 tokens).
+    lookahead.main(common + ["--k", "7", "--batch", "2", "--groups", "2", "--train-rows", "4",
+                             "--out", str(tmp_path / "p.safetensors")])
+    log = json.loads((tmp_path / "p.json").read_text())
+    assert (log["rows"], log["held_out_rows"], log["held_out_new_tokens"]) == (4, 2, 16)
+    assert len(log["held_out_top1"]) == 7 and log["recipe"]["train_rows"] == 4
+    with pytest.raises(SystemExit):
+        lookahead.main(common + ["--k", "8", "--out", str(tmp_path / "p8.safetensors")])
     with pytest.raises(SystemExit):
         draft.main(["--corpus", str(tmp_path / "a.npz")])  # no prompts file
 

@@ -253,7 +253,12 @@ def logit_rows(model, tok, token_files: list[Path], prompts_file: Path) -> list:
     one teacher-forced pass: what the trainers that learn the target's distribution read (the
     draft model, the Medusa heads). A GPU makes them for millions of tokens in a minute; a CPU
     at a few hundred tokens a second in float32."""
-    rows = token_rows(tok, token_files, prompts_file)
+    return with_logits(model, token_rows(tok, token_files, prompts_file))
+
+
+def with_logits(model, rows) -> list:
+    """Rows read as text (``token_rows``) with the target's top-64 logits at every answer
+    position (``teacher_forced_rows``): for a trainer that reads only some of a corpus's rows."""
     return teacher_forced_rows(model, [r[0][: r[1]].tolist() for r in rows], [r[0][r[1]:].tolist() for r in rows])
 
 

@@ -11,6 +11,12 @@ continuing from the first:
 (12 and 17 minutes on 2 CPU cores; the second run uses the faster two-pass loss of
 ``lookahead_losses`` below, which the first predates: same loss, less backward work.)
 
+``--corpus corpus/*.npz --prompts prompts.jsonl.xz`` trains on the repository's corpus instead
+(``logitlab.training.corpus``), on the answers long enough for every slot, holding out the rows
+the EAGLE trainer holds out; ``--train-rows N`` samples N of them, since each step reads only
+``--batch`` rows and the target's logits are recomputed for the rows read. A JSON log beside the
+embeddings gives the recipe, the data, the time and the held-out accuracy per slot.
+
 The data are the model's own continuations with its top-64 logits at every new position, made
 by ``logitlab.training.data.make_data`` on chapter 7's 300 varied prompts (``--gen-seconds`` of
 generation when the ``--data`` file does not exist yet; the book's run reused chapter 7's file)
@@ -52,7 +58,8 @@ from ..speculative.pass_embeddings import (
     training_curve,
     training_layout,
 )
-from .data import load_or_make_data, prompt_ids, split_held_out, varied_prompts
+from .corpus import add_corpus_arguments, check_corpus_arguments, token_rows, with_logits
+from .data import data_summary, load_or_make_data, machine, prompt_ids, split_held_out, varied_prompts, write_log
 
 # Up to this many tokens of training rows, ``train_lookahead`` keeps every row's KV cache (about
 # 46 kB a token for SmolLM2-135M in float32: 1.5 GB) instead of recomputing it at every step.
@@ -284,19 +291,37 @@ def main(argv=None):
     parser.add_argument("--gen-seconds", type=float, default=240, help="time budget for generating data")
     parser.add_argument("--data", help="the generated data as a torch file (reused if it exists)")
     parser.add_argument("--also", nargs="*", default=[], help="more data files (logitlab.training.draft's)")
+    add_corpus_arguments(parser, "with the target's logits recomputed for the rows it trains on")
+    parser.add_argument("--train-rows", type=int, help="with --corpus: a seeded sample of this many of its training "
+                        "rows (each step reads only --batch rows: a few thousand steps see a few thousand rows)")
     parser.add_argument("--held-out-every", type=int, default=7)
     parser.add_argument("--init", help="continue from embeddings saved in this file (their curve is kept)")
     parser.add_argument("--out", default="lookahead.safetensors")
     parser.add_argument("--device", help="cuda, mps or cpu (default: the best there is)")
     args = parser.parse_args(argv)
+    check_corpus_arguments(parser, args)
+    if args.train_rows is not None and (not args.corpus or args.train_rows < args.batch):
+        parser.error(f"--train-rows goes with --corpus and must be at least --batch ({args.batch})")
     torch.manual_seed(0)
 
     model, tok = ll.load("smollm2-135m", device=args.device)
-    data = load_or_make_data(model, tok, args.data, args.gen_seconds, prompts=varied_prompts(tok))
+    if args.corpus:
+        data = token_rows(tok, args.corpus, args.prompts)
+    else:
+        data = load_or_make_data(model, tok, args.data, args.gen_seconds, prompts=varied_prompts(tok))
     for path in args.also:
         data += torch.load(path)
     data, held = split_held_out(data, varied_prompts(tok) + prompt_ids(tok), args.held_out_every)
+    if args.corpus:  # slot k needs a target k + 1 places ahead: a corpus also holds short answers
+        data, held = ([r for r in rows if len(r[0]) - r[1] > args.k] for rows in (data, held))
+        if len(data) < args.batch or not held:
+            parser.error(f"--corpus: {len(data)} training and {len(held)} held-out answers have more than "
+                         f"--k {args.k} new tokens; training needs at least --batch {args.batch}, and some held out")
     held = held[:48]
+    if args.corpus:  # the logits of the rows it reads only: a corpus holds millions of tokens
+        if args.train_rows is not None and args.train_rows < len(data):
+            data = random.Random(0).sample(data, args.train_rows)
+        data, held = with_logits(model, data), with_logits(model, held)
     print(f"{len(data)} training rows, {sum(len(r[2]) for r in data)} new tokens; {len(held)} held-out rows")
     t0 = time.perf_counter()
     start, before = None, []
@@ -309,8 +334,12 @@ def main(argv=None):
     seconds = time.perf_counter() - t0
     first, last = sum(losses[0]) / args.k, sum(sum(x) for x in losses[-10:]) / (10 * args.k)
     print(f"trained {args.steps} steps in {seconds:.0f} s; mean KL per slot {first:.3f} -> {last:.3f} (last 10 steps)")
-    print(f"held-out top-1 accuracy per slot: {[round(a, 3) for a in slot_accuracy(lookahead, held)]}")
+    accuracy = [round(a, 4) for a in slot_accuracy(lookahead, held)]
+    print(f"held-out top-1 accuracy per slot: {accuracy}")
     save_lookahead(lookahead, args.out, before + losses)
+    write_log(args.out, {"recipe": vars(args), **data_summary(data, held), "train_seconds": round(seconds),
+                         "mean_kl_per_slot": [round(first, 4), round(last, 4)], "held_out_top1": accuracy,
+                         "machine": machine(model)})
     print(f"saved {args.out} ({os.path.getsize(args.out) / 1e3:.0f} KB)")
 
 
