@@ -174,7 +174,8 @@ def test_medusa_states_give_the_logits_generation_recorded_in_the_rows_order():
     the generation recorded (as teacher_forced_rows does from its own pass)."""
     model = tiny_llama(2, 0, vocab=12)
     prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
-    rows = generate_with_logits(model, prompts, [0.0, 1.0, 1.0, 0.0], 12, 4, torch.Generator().manual_seed(1))
+    rows = generate_with_logits(model, prompts, [0.0, 1.0, 1.0, 0.0], 70, 4, torch.Generator().manual_seed(1))
+    assert len(rows[0][2]) == 70  # more positions than the output layer's 64 at a time
     text = [(tokens, start, None, None) for tokens, start, _, _ in rows]
     states = hidden_states(model, text, batch=3)  # [2, 1, 0] by length, then [3]
     assert [len(h) for h in states] == [len(r[0]) - r[1] for r in rows]

@@ -87,7 +87,10 @@ def with_top_logits(target, rows, states, k: int = 64) -> list:
     device = head.weight.device
     out = []
     for (tokens, start, _, _), h in zip(rows, states):
-        v, top = head(h.to(device, head.weight.dtype)).float().topk(k, dim=-1)
+        # 64 positions at a time: logits blocks of one size, which the allocator reuses (rows'
+        # own sizes, up to 256 x 49,152 floats, fragmented a CPU's heap by gigabytes over a corpus)
+        v, top = map(torch.cat, zip(*(head(h[i: i + 64].to(device, head.weight.dtype)).float().topk(k, dim=-1)
+                                     for i in range(0, len(h), 64))))
         out.append((tokens, start, v.half().cpu(), top.int().cpu()))
     return out
 
