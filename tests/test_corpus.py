@@ -323,6 +323,7 @@ def test_draft_medusa_and_pass_trainers_read_a_corpus_and_hold_out_eagles_rows(t
     log = json.loads((tmp_path / "p.json").read_text())
     assert (log["rows"], log["held_out_rows"], log["held_out_new_tokens"]) == (4, 2, 16)
     assert len(log["held_out_top1"]) == 7 and log["recipe"]["train_rows"] == 4
+    assert 0.5 < log["mean_kl_per_slot"][1] / log["mean_kl_per_slot"][0] < 2  # two steps: a mean of two, not of ten
     with pytest.raises(SystemExit):
         lookahead.main(common + ["--k", "8", "--out", str(tmp_path / "p8.safetensors")])
     with pytest.raises(SystemExit):

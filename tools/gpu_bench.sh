@@ -52,7 +52,11 @@
 #       EAGLE_BATCH=4 RESUME=/tmp/tiny.npz PROMPTS_FILE=/work/corpus/prompts.jsonl.xz tools/gpu_bench.sh drafters
 # and with the other two drafters (/tmp/tiny64.npz: the first 64 rows of corpus/answers-03.npz, enough
 # prompts for every trainer's held-out rows; 7 minutes here): the same with RESUME=/tmp/tiny64.npz
-# DRAFT_SECONDS=5 DRAFT_BATCH=8 MEDUSA_STEPS=3.
+# DRAFT_SECONDS=5 DRAFT_BATCH=8 MEDUSA_STEPS=3. PASS_STEPS=N trains PaSS's eight look-ahead embeddings
+# from the shipped ones on PASS_ROWS (default 20,000) sampled rows of the corpus, PASS_BATCH rows a
+# step ($OUT/lookahead.safetensors and .json): two files more, so at most two of the draft model,
+# the Medusa heads and PaSS in one call (8 files come back). Tried here with RESUME=/tmp/tiny64.npz
+# GEN_SECONDS=0 TRAIN_SECONDS=5 PASS_STEPS=2 PASS_BATCH=2 PASS_ROWS=8.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -131,6 +135,14 @@ run | chapters | drafters)
                 --seconds "$DRAFT_SECONDS" --layers "${DRAFT_LAYERS:-1}" --batch "${DRAFT_BATCH:-64}" \
                 --device "${DEVICE:-cuda}" --out "$OUT/draft.safetensors" 2>&1 \
                 | tee -a "$OUT/logs.txt" | tail -3 || echo "the draft model's training FAILED: read logs.txt"
+        fi
+        if [ "${PASS_STEPS:-0}" != 0 ]; then  # PaSS reads the token files: it recomputes the logits of the rows it reads
+            "$py" -m logitlab.training.lookahead --corpus "${resume[@]}" "${more[@]}" --prompts "$prompts" \
+                --steps "$PASS_STEPS" --batch "${PASS_BATCH:-16}" --groups 32 --lr 0.01 \
+                --train-rows "${PASS_ROWS:-20000}" --init lib/logitlab/data/lookahead_smollm2_135m.safetensors \
+                --device "${DEVICE:-cuda}" --out "$OUT/lookahead.safetensors" 2>&1 | tr '\r' '\n' \
+                | grep -v "look-ahead training" | tee -a "$OUT/logs.txt" | tail -3 \
+                || echo "PaSS's training FAILED: read logs.txt"
         fi
         if [ -f /tmp/rows.pt ] && [ "${MEDUSA_STEPS:-0}" != 0 ]; then
             "$py" -m logitlab.training.medusa --data /tmp/rows.pt --steps "$MEDUSA_STEPS" --state-batch 256 \

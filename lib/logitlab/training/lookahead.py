@@ -332,7 +332,8 @@ def main(argv=None):
     lookahead, losses = train_lookahead(model, args.k, data, args.steps, args.lr, args.batch, args.groups,
                                         lookahead=start)
     seconds = time.perf_counter() - t0
-    first, last = sum(losses[0]) / args.k, sum(sum(x) for x in losses[-10:]) / (10 * args.k)
+    tail = losses[-10:]  # a run of fewer than 10 steps averages over those it made
+    first, last = sum(losses[0]) / args.k, sum(sum(x) for x in tail) / (len(tail) * args.k)
     print(f"trained {args.steps} steps in {seconds:.0f} s; mean KL per slot {first:.3f} -> {last:.3f} (last 10 steps)")
     accuracy = [round(a, 4) for a in slot_accuracy(lookahead, held)]
     print(f"held-out top-1 accuracy per slot: {accuracy}")
