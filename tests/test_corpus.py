@@ -336,3 +336,16 @@ def test_the_draft_trainer_holds_out_its_last_rows_without_a_prompt_split():
     assert train == rows[:8] and held == rows[8:]
     with pytest.raises(ValueError, match="last 32 rows leaves none of its 32 to train on"):
         held_out_rows(rows[:32], None, None)
+
+
+def test_the_trainers_record_with_the_target_itself_or_a_copy_in_the_dtype_asked():
+    """EAGLE's and Medusa's --target-dtype: float32 reuses the target (no second load); bfloat16 is
+    a second copy, leaving the float32 one the drafter trains against unrounded."""
+    import logitlab as ll
+    from logitlab.training.data import recording_copy
+
+    model, _ = ll.load("smollm2-135m", device="cpu")
+    assert recording_copy(model, "float32") is model
+    copy = recording_copy(model, "bfloat16", "cpu")
+    assert copy is not model and copy.lm_head.weight.dtype == torch.bfloat16
+    assert model.lm_head.weight.dtype == torch.float32

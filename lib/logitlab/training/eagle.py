@@ -61,6 +61,7 @@ from .data import (
     machine,
     padded,
     prompt_ids,
+    recording_copy,
     split_held_out,
     steps_within,
     varied_prompts,
@@ -277,10 +278,7 @@ def recorded_features(model, args, layers, *row_sets) -> tuple:
     """``row_features`` of each set of rows, as the command line asks: recorded by a second copy of
     the target in ``--target-dtype`` if that is not float32 (rounding the drafter's own copy would
     stay), kept as ``--feature-dtype``, cropped to ``--max-len``."""
-    import logitlab as ll
-
-    body = model if args.target_dtype == "float32" else ll.load(
-        "smollm2-135m", device=args.device, dtype=getattr(torch, args.target_dtype), fast=False)[0]
+    body = recording_copy(model, args.target_dtype, args.device)
     stored = getattr(torch, args.feature_dtype)
     return tuple(row_features(body, rows, args.feature_batch, layers, args.max_len, stored) for rows in row_sets)
 

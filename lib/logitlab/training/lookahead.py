@@ -279,6 +279,19 @@ def slot_accuracy(lookahead: LookaheadEmbeddings, rows, groups: int = 16, seed: 
     return (hits / total).tolist()
 
 
+def corpus_rows(model, data, held, args, parser) -> tuple[list, list]:
+    """A corpus's training and held-out rows (read as text) for ``k`` slots: only the answers
+    longer than k (slot k needs a target k + 1 places ahead), a seeded sample of ``--train-rows``
+    of them, 48 held out, with the target's logits recomputed for those rows alone."""
+    data, held = ([r for r in rows if len(r[0]) - r[1] > args.k] for rows in (data, held))
+    if len(data) < args.batch or not held:
+        parser.error(f"--corpus: {len(data)} training and {len(held)} held-out answers have more than "
+                     f"--k {args.k} new tokens; training needs at least --batch {args.batch}, and some held out")
+    if args.train_rows is not None and args.train_rows < len(data):
+        data = random.Random(0).sample(data, args.train_rows)
+    return with_logits(model, data), with_logits(model, held[:48])
+
+
 def main(argv=None):
     import logitlab as ll
 
@@ -312,16 +325,7 @@ def main(argv=None):
     for path in args.also:
         data += torch.load(path)
     data, held = split_held_out(data, varied_prompts(tok) + prompt_ids(tok), args.held_out_every)
-    if args.corpus:  # slot k needs a target k + 1 places ahead: a corpus also holds short answers
-        data, held = ([r for r in rows if len(r[0]) - r[1] > args.k] for rows in (data, held))
-        if len(data) < args.batch or not held:
-            parser.error(f"--corpus: {len(data)} training and {len(held)} held-out answers have more than "
-                         f"--k {args.k} new tokens; training needs at least --batch {args.batch}, and some held out")
-    held = held[:48]
-    if args.corpus:  # the logits of the rows it reads only: a corpus holds millions of tokens
-        if args.train_rows is not None and args.train_rows < len(data):
-            data = random.Random(0).sample(data, args.train_rows)
-        data, held = with_logits(model, data), with_logits(model, held)
+    data, held = corpus_rows(model, data, held, args, parser) if args.corpus else (data, held[:48])
     print(f"{len(data)} training rows, {sum(len(r[2]) for r in data)} new tokens; {len(held)} held-out rows")
     t0 = time.perf_counter()
     start, before = None, []

@@ -60,6 +60,7 @@ from .data import (
     machine,
     new_token_states,
     prompt_ids,
+    recording_copy,
     split_held_out,
     varied_prompts,
     write_log,
@@ -203,10 +204,7 @@ def main(argv=None):
     for path in args.also:
         data += torch.load(path)
     data, held = split_held_out(data, varied_prompts(tok) + prompt_ids(tok), args.held_out_every)
-    # The states (and a corpus's logits) from a second copy of the target in --target-dtype; the
-    # heads train against the float32 output layer.
-    body = model if args.target_dtype == "float32" else ll.load(
-        "smollm2-135m", device=args.device, dtype=getattr(torch, args.target_dtype), fast=False)[0]
+    body = recording_copy(model, args.target_dtype, args.device)  # the states (and a corpus's logits)
     t0 = time.perf_counter()
     states, held_states = cached(args.hidden, lambda: (hidden_states(body, data, args.state_batch),
                                                        hidden_states(body, held, args.state_batch)))
