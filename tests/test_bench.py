@@ -112,6 +112,33 @@ def test_cost_model_prices_passes_at_the_measured_v_and_adds_the_drafter_time(mo
     assert predicted["plain"] == pytest.approx(1.0)
 
 
+def test_timed_runs_record_the_last_rounds_passes_and_own_price_prices_them(monkeypatch):
+    import logitlab as ll
+    from logitlab.bench import drafting
+    from logitlab.speculative.draft_model import DraftModelDrafter
+
+    target, draft = ll.toy_model(vocab_size=5, order=2, seed=0), ll.toy_model(vocab_size=5, order=3, seed=9)
+    common = dict(max_new_tokens=6, temperature=1.0, eos_token_id=[])
+    runs = {"ll.generate": lambda ids, g: ll.generate(target, ids, generator=g, **common),
+            "spec": lambda ids, g: ll.speculative_generate(target, DraftModelDrafter(draft), ids, gamma=2, generator=g,
+                                                           **common)}
+    prompts = [torch.tensor([[1, 2, 3]]), torch.tensor([[4, 0]])]
+    passes = {}
+    times, results = drafting.timed_runs(target, runs, prompts, repeat=2, warmup=1, passes=passes)
+    # One round's passes (not the three rounds'), each prompt's prefill left out: plain decoding's
+    # five one-token steps after the prefill, and the speculative loop's passes as it records them.
+    assert passes["ll.generate"] == [1] * 5 * 2
+    assert passes["spec"] == [n for r in results["spec"] for n in r.fed] and max(passes["spec"]) == 3
+    monkeypatch.setattr(drafting, "predicted_speedups", lambda model, seen, context: seen)
+    seen = drafting.own_price(target, [1, 2])(results, passes)
+    assert list(seen) == ["spec"]  # the baseline is not priced
+    tokens, sizes, drafting_seconds = seen["spec"]
+    assert tokens == 12 and sizes == passes["spec"]
+    assert drafting_seconds == pytest.approx(sum(r.draft_seconds for r in results["spec"])) and drafting_seconds > 0
+    # A drafter whose drafts are passes of the target (PaSS) adds no time of its own.
+    assert drafting.own_price(target, [1, 2], target_drafts=("spec",))(results, passes)["spec"][2] == 0.0
+
+
 def test_forward_seconds_times_decode_and_verification_passes_on_the_toy_model():
     import logitlab as ll
 
@@ -204,8 +231,9 @@ def test_spec_bench_rows_give_every_drafter_per_task_and_temperature(small):
         # PaSS's drafting passes count too: with nothing accepted it makes half a token per pass.
         assert (0.5 if label.startswith("PaSS") else 1) <= per_call <= 8, label
         # the cost model's forecast, calibrated on the task's next question, comes before the acceptance
-        assert re.search(r"tokens per target pass, predicted [\d.]+x, (accepted by position [\d.]+(/[\d.]+)*|no drafts "
-                         r"proposed)\)", label), label
+        # and the price of the row's own passes
+        assert re.search(r"tokens per target pass, predicted [\d.]+x, [\d.]+x at its own passes, "
+                         r"(accepted by position [\d.]+(/[\d.]+)*|no drafts proposed)\)", label), label
     with pytest.raises(ValueError, match="per_task must be between 1 and 9, got 10"):  # the 10th forecasts
         bench_spec_bench(table, model, tokenizer, per_task=10, tasks=["question answering"])
     with pytest.raises(ValueError, match="task must be one of"):

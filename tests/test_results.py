@@ -189,6 +189,25 @@ def test_spec_bench_forecasts_are_read_and_set_against_the_first_run():
     assert "| EAGLE chain (gamma=3) | 1.60x / 2.00x | 1.20x / 1.00x | 1.40x / 1.40x |" in text
 
 
+def test_spec_bench_prices_of_the_runs_own_passes_are_read_and_tabled_beside_the_forecast():
+    rows = spec_bench_rows()
+    for r, predicted, own in zip(rows[1::2], ("1.60", "1.20"), ("2.10", "0.75")):
+        r["measurement"] = r["measurement"].replace(
+            "target pass, ", f"target pass, predicted {predicted}x, {own}x at its own passes, ")
+    cells = results.spec_bench_cells({"rows": rows})
+    mine, base = (list(cells[(0.0, m)].values()) for m in ("EAGLE chain (gamma=3)", "ll.generate"))
+    assert [(r["predicted"], r["own"], r["per_call"], r["first_kept"]) for r in mine] == [
+        (1.6, 2.1, 2.0, 0.5), (1.2, 0.75, 1.0, 0.5)]
+    # Priced times 4 / 2.1 + 3 / 0.75 against ll.generate's 4 + 3 seconds of the first run.
+    assert results.overall_forecast(mine, base, "own") == pytest.approx(7 / (4 / 2.1 + 3 / 0.75))
+    text = results.spec_bench_markdown({"machine": "m", "runs": 2, "rows": rows}, leaderboard={})
+    assert ("### T = 0: the cost model's forecast / its price of the run's own passes / the first run's speed"
+            in text)
+    assert "| EAGLE chain (gamma=3) | 1.60x / 2.10x / 2.00x | 1.20x / 0.75x / 1.00x | 1.40x / 1.19x / 1.40x |" in text
+    assert all(r["own"] is None for r in results.spec_bench_cells({"rows": spec_bench_rows()})[
+        (0.0, "EAGLE chain (gamma=3)")].values())  # an older run's rows
+
+
 def spec_bench_rows(tasks=("translation", "question answering")):
     """Two tasks at T = 0, ll.generate and one drafter, two runs each."""
     rows = []

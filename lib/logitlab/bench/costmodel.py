@@ -26,15 +26,22 @@ def calibrate(model, runs: dict, prompts, drafter_seconds=lambda result: result.
     The first pass of each prompt, the prefill, is the same in every run and is left out."""
     seen = {}
     for label, run in runs.items():
-        tokens, sizes, drafting = 0, [], 0.0
+        results, sizes = [], []
         for i, ids in enumerate(prompts):
             with PassLog(model) as log:
-                result = run(ids, seeded_generator(model, i))
-            tokens += len(result.new_tokens[0])
+                results.append(run(ids, seeded_generator(model, i)))
             sizes += log.sizes[1:]
-            drafting += drafter_seconds(result) if hasattr(result, "draft_seconds") else 0.0
-        seen[label] = (tokens, sizes, drafting)
+        seen[label] = tally(results, sizes, drafter_seconds)
     return seen
+
+
+def tally(results, sizes: list[int], drafter_seconds=lambda result: result.draft_seconds) -> tuple:
+    """``(tokens, pass sizes, drafter seconds)`` of one contender's ``results`` (one per prompt)
+    whose target passes, prefills left out, had ``sizes``: what the cost model prices. Results
+    without a drafter (``ll.generate``'s) add no drafter time."""
+    tokens = sum(len(result.new_tokens[0]) for result in results)
+    drafting = sum(drafter_seconds(result) for result in results if hasattr(result, "draft_seconds"))
+    return tokens, list(sizes), drafting
 
 
 @torch.inference_mode()

@@ -11,7 +11,7 @@ from ..measure.timing import forward_seconds, interleaved_median_times
 from ..speculative.draft_model import DraftModelDrafter
 from ..speculative.loop import speculative_generate
 from ..speculative.theory import pooled_alpha
-from .costmodel import calibrate, predicted_speedups
+from .costmodel import PassLog, calibrate, predicted_speedups, tally
 from .prompts import CALIBRATION, CALIBRATION_GROUNDED, DRAFT_PROMPTS, GROUNDED, OPEN_ENDED, cached_prefix, chat
 
 
@@ -107,8 +107,10 @@ def bench_draft_model(table: Table, model, tokenizer, new_tokens: int = 128, gam
                                            assistant_confidence_threshold=0.0)
             runs["hf"] = lambda ids, g: stock.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
                                                        assistant_model=draft)
-        times, results = timed_runs(model, runs, prompts, repeat)
+        passes = {}
+        times, results = timed_runs(model, runs, prompts, repeat, passes=passes)
         spec = results["spec"]
+        own = own_price(model, context)({"spec": spec}, passes)["spec"]
         if temperature == 0:
             for a, b, h in zip(results["ll.generate"], spec, results["hf"]):
                 if not a.new_tokens[0].tolist() == b.new_tokens[0].tolist() == h[0, -new_tokens:].tolist():
@@ -118,22 +120,36 @@ def bench_draft_model(table: Table, model, tokenizer, new_tokens: int = 128, gam
         choice = ", ".join(f"{g}: {forecast[g]:.2f}x" for g in gammas)
         table.add(f"ll.generate, {name}", times[0])
         table.add(f"draft model (gamma={gamma}, the cost model's choice of [{choice}]; alpha={pooled_alpha(spec):.2f}, "
-                  f"c={c:.3f}, {per_call:.2f} tokens per call, predicted {forecast[gamma]:.2f}x), {name}",
+                  f"c={c:.3f}, {per_call:.2f} tokens per call, predicted {forecast[gamma]:.2f}x, "
+                  f"{own:.2f}x at its own passes), {name}",
                   times[1], times[0] / times[1], "faster than our AR loop")
         if temperature == 0:
             table.add(f"Hugging Face assisted generation, same draft, constant gamma={gamma}, {name}", times[2],
                       times[2] / times[1], "slower than ours, same algorithm")
 
 
-def timed_runs(model, runs: dict, prompts, repeat: int, warmup: int = 1) -> tuple[list, dict]:
+def timed_runs(model, runs: dict, prompts, repeat: int, warmup: int = 1,
+               passes: dict | None = None) -> tuple[list, dict]:
     """Time ``runs`` (label -> fn(ids, generator)) in turn on every prompt, each prompt with its
     own seeded generator, after ``warmup`` untimed rounds; returns the median times and
-    ``{label: results of the last round}``."""
+    ``{label: results of the last round}``. Given a dict, ``passes`` receives ``{label: the
+    sizes of the target's passes in the last round}``, the prefills left out (a hook on the
+    target's body records them: the same small cost for every contender)."""
     results = {}
+
+    def one(label, i, ids):
+        if passes is None:
+            return runs[label](ids, seeded_generator(model, i))
+        with PassLog(model) as log:
+            result = runs[label](ids, seeded_generator(model, i))
+        passes[label] += log.sizes[1:]
+        return result
 
     def timed(label):
         def fn():
-            results[label] = [runs[label](ids, seeded_generator(model, i)) for i, ids in enumerate(prompts)]
+            if passes is not None:
+                passes[label] = []
+            results[label] = [one(label, i, ids) for i, ids in enumerate(prompts)]
         return fn
 
     return interleaved_median_times([timed(label) for label in runs], repeat=repeat, warmup=warmup), results
@@ -141,28 +157,46 @@ def timed_runs(model, runs: dict, prompts, repeat: int, warmup: int = 1) -> tupl
 
 def time_against_ar(table: Table, model, runs: dict, prompts, temperature: float, new_tokens: int, repeat: int,
                      calls=lambda r: r.model_calls, unit: str = "call", predicted: dict | None = None,
-                     warmup: int = 1, describe=None, task: str | None = None) -> None:
+                     warmup: int = 1, describe=None, task: str | None = None, price=None) -> None:
     """Time ``runs`` (label -> fn(ids, generator); the first is the AR baseline ``ll.generate``)
     alternately on every prompt, check at T = 0 that each gives the baseline's greedy tokens, and
     add a row per run with its tokens per ``unit`` (``calls(result)`` counts them; a dict gives
     the count of some labels, the others counting the loop's calls), the cost model's forecast
     (``predicted``: label -> speedup), its speedup, and what ``describe(results)`` says of its
-    results. ``task`` names the prompts in the rows."""
-    times, results = timed_runs(model, runs, prompts, repeat, warmup)
+    results. ``price``: fn(results, passes) -> {label: speedup}, the cost model's price of each
+    run's own timed passes (``own_price``), added after the forecast: the check of the model's
+    costs apart from its forecast of the acceptance. ``task`` names the prompts in the rows."""
+    passes = None if price is None else {}
+    times, results = timed_runs(model, runs, prompts, repeat, warmup, passes)
     if temperature == 0:
         greedy = [r.new_tokens[0].tolist() for r in results["ll.generate"]]
         for label, outs in results.items():
             if [r.new_tokens[0].tolist() for r in outs] != greedy:
                 raise AssertionError(f"{label} changed the greedy tokens")
+    own = {} if price is None else price(results, passes)
     name = f"{len(prompts)} {task + ' ' if task else ''}prompts, {new_tokens} tokens each, T={temperature:g}"
     table.add(f"ll.generate, {name}", times[0])
     for label, seconds in list(zip(runs, times))[1:]:
         count = calls.get(label, lambda r: r.model_calls) if isinstance(calls, dict) else calls
         per_call = new_tokens * len(prompts) / sum(count(r) for r in results[label])
         forecast = f", predicted {predicted[label]:.2f}x" if predicted and label in predicted else ""
+        forecast += f", {own[label]:.2f}x at its own passes" if label in own else ""
         forecast += describe(results[label]) if describe else ""
         table.add(f"{label} ({per_call:.2f} tokens per {unit}{forecast}), {name}", seconds, times[0] / seconds,
                   "faster than our AR loop")
+
+
+def own_price(model, context, target_drafts=()):
+    """``price`` for ``time_against_ar``: the cost model's speedup of each drafting run from its own
+    timed passes (priced at v(n) measured after ``context``) and its drafter's recorded time,
+    against plain decoding's one step per token. Where the forecast errs and this does not, the
+    acceptance was what it missed. ``target_drafts``: labels that draft with passes of the target
+    (PaSS's two calls), already priced as passes, so their drafter time is not added again."""
+    def price(results, passes):
+        seen = {label: tally(rs, passes[label], (lambda r: 0.0) if label in target_drafts else
+                             (lambda r: r.draft_seconds)) for label, rs in results.items() if label != "ll.generate"}
+        return predicted_speedups(model, seen, context)
+    return price
 
 
 @torch.inference_mode()
@@ -209,7 +243,8 @@ def bench_typical(table: Table, model, tokenizer, new_tokens: int = 64, gamma: i
         runs = build(temperature)
         # The calibration runs every contender once, which also warms each up for the timing.
         predicted = predicted_speedups(model, calibrate(model, runs, held_out), context)
-        time_against_ar(table, model, runs, prompts, temperature, new_tokens, repeat, predicted=predicted, warmup=0)
+        time_against_ar(table, model, runs, prompts, temperature, new_tokens, repeat, predicted=predicted, warmup=0,
+                        price=own_price(model, context))
 
 
 def pass_calls(result) -> int:
@@ -253,7 +288,7 @@ def bench_pass(table: Table, model, tokenizer, new_tokens: int = 64, ks=tuple(ra
         calibration = calibrate(model, runs, held_out, drafter_seconds=lambda result: 0.0)
         time_against_ar(table, model, runs, prompts, temperature, new_tokens, repeat, calls=pass_calls,
                         unit="target pass", predicted=predicted_speedups(model, calibration, context),
-                        warmup=0)
+                        warmup=0, price=own_price(model, context, target_drafts=tuple(runs)))
 
 
 @torch.inference_mode()
@@ -294,7 +329,7 @@ def bench_eagle(table: Table, model, tokenizer, new_tokens: int = 128, gamma: in
         # The calibration runs every contender once, which also warms each up for the timing.
         predicted = predicted_speedups(model, calibrate(model, runs, held_out), context)
         time_against_ar(table, model, runs, prompts, temperature, new_tokens, repeat, predicted=predicted, warmup=0,
-                        describe=by_position)
+                        describe=by_position, price=own_price(model, context))
 
 
 def by_position(results) -> str:

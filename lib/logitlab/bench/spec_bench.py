@@ -15,7 +15,7 @@ from ..decoding.generate import generate
 from ..devices import model_device
 from ..speculative.loop import speculative_generate
 from .costmodel import calibrate, predicted_speedups
-from .drafting import by_position, pass_calls, time_against_ar
+from .drafting import by_position, own_price, pass_calls, time_against_ar
 from .prompts import chat
 
 
@@ -147,4 +147,5 @@ def bench_spec_bench(table, model, tokenizer, per_task: int = 2, new_tokens: int
                     if only is None or label == "ll.generate" or re.search(only, label)}
             time_against_ar(table, model, runs, prompts, temperature, new_tokens, repeat, calls={PASS: pass_calls},
                             unit="target pass", predicted=forecasts(model, runs, held_out, context),
-                            describe=by_position, task=f"Spec-Bench {task}")
+                            price=own_price(model, context, target_drafts=(PASS,)), describe=by_position,
+                            task=f"Spec-Bench {task}")

@@ -160,18 +160,21 @@ def spec_bench_run(path: str | Path | None = None) -> dict:
 
 # A drafter's row of the Spec-Bench section, e.g. "EAGLE chain (gamma=3) (1.52 tokens per target
 # pass, predicted 1.21x, accepted by position 0.40/0.31/0.25), 2 Spec-Bench translation prompts, 128
-# tokens each, T=0"; runs before the bench forecast its rows have no "predicted".
+# tokens each, T=0"; runs before the bench forecast its rows have no "predicted", and runs before it
+# priced each row's own passes no "... at its own passes".
 SPEC_BENCH_ROW = re.compile(r"^(?P<method>.+?)(?: \((?P<per_call>[\d.]+) tokens per target pass, "
-                            r"(?:predicted (?P<predicted>[\d.]+)x, )?(?:accepted by position "
-                            r"(?P<kept>[\d./]+)|no drafts proposed)\))?, \d+ Spec-Bench (?P<task>.+) prompts, \d+ tokens each, "
+                            r"(?:predicted (?P<predicted>[\d.]+)x, )?(?:(?P<own>[\d.]+)x at its own passes, )?"
+                            r"(?:accepted by position (?P<kept>[\d./]+)|no drafts proposed)\))?, "
+                            r"\d+ Spec-Bench (?P<task>.+) prompts, \d+ tokens each, "
                             r"T=(?P<temperature>[\d.]+)$")
 
 
 def spec_bench_cells(run: dict) -> dict:
     """``{(temperature, method): {task: row}}`` for every row of the run's Spec-Bench section,
     each row with its ``per_call`` (tokens per target pass), ``first_kept`` (the first draft
-    position's acceptance) and ``predicted`` (the cost model's forecast of its speedup, in the
-    first run; None in runs that did not forecast) read from its label; ``ll.generate``'s rows
+    position's acceptance), ``predicted`` (the cost model's forecast of its speedup, in the
+    first run; None in runs that did not forecast) and ``own`` (the cost model's price of the first
+    run's own passes; None in runs that did not price them) read from its label; ``ll.generate``'s rows
     have none of them. A row
     whose label does not parse is a ``ValueError`` (the tables must not drop one silently)."""
     cells = {}
@@ -184,7 +187,8 @@ def spec_bench_cells(run: dict) -> dict:
         kept = match["kept"]
         row = dict(r, per_call=float(match["per_call"]) if match["per_call"] else None,
                    first_kept=float(kept.split("/")[0]) if kept else None,
-                   predicted=float(match["predicted"]) if match["predicted"] else None)
+                   predicted=float(match["predicted"]) if match["predicted"] else None,
+                   own=float(match["own"]) if match["own"] else None)
         cells.setdefault((float(match["temperature"]), match["method"]), {})[match["task"]] = row
     return cells
 
@@ -211,13 +215,14 @@ def first_run(row: dict) -> float:
     return (row.get("seconds_runs") or [row["seconds"]])[0]
 
 
-def overall_forecast(rows: list[dict], baseline: list[dict]) -> float | None:
+def overall_forecast(rows: list[dict], baseline: list[dict], key: str = "predicted") -> float | None:
     """The cost model's forecast over several tasks (None where a row has none): each task's
     forecast speedup turned into a time, the baseline's first run over it, and the baseline's
-    total over those times, as ``overall`` adds up measured times."""
-    if not all(r.get("predicted") for r in rows):
+    total over those times, as ``overall`` adds up measured times. ``key="own"``: the same for
+    the model's price of each row's own passes."""
+    if not all(r.get(key) for r in rows):
         return None
-    return sum(map(first_run, baseline)) / sum(first_run(b) / r["predicted"] for r, b in zip(rows, baseline))
+    return sum(map(first_run, baseline)) / sum(first_run(b) / r[key] for r, b in zip(rows, baseline))
 
 
 def first_run_speeds(rows: list[dict], baseline: list[dict]) -> tuple[list[float], float]:
@@ -229,10 +234,13 @@ def first_run_speeds(rows: list[dict], baseline: list[dict]) -> tuple[list[float
 
 def forecast_line(method: str, rows: list[dict], baseline: list[dict]) -> str:
     """A table line of one drafter's forecasts against its first run, "forecast / measured", per
-    task and over all of them."""
+    task and over all of them; "forecast / own passes / measured" where the rows also carry the
+    price of their own passes."""
     per_task, measured = first_run_speeds(rows, baseline)
-    cells = [f"{r['predicted']:.2f}x / {x:.2f}x" for r, x in zip(rows, per_task)]
-    return f"| {method} | " + " | ".join(cells) + f" | {overall_forecast(rows, baseline):.2f}x / {measured:.2f}x |"
+    keys = ["predicted", "own"] if overall_forecast(rows, baseline, "own") else ["predicted"]
+    cells = [" / ".join(f"{r[k]:.2f}x" for k in keys) + f" / {x:.2f}x" for r, x in zip(rows, per_task)]
+    whole = " / ".join(f"{overall_forecast(rows, baseline, k):.2f}x" for k in keys)
+    return f"| {method} | " + " | ".join(cells) + f" | {whole} / {measured:.2f}x |"
 
 
 # The leaderboard's method -> the start of our row that runs the same kind of drafter.
@@ -257,7 +265,7 @@ def spec_bench_markdown(run: dict, leaderboard: dict | None = None) -> str:
     parts, ours = [f"Machine: {run['machine']}; {run.get('runs', 1)} runs."], {}
     for temperature in sorted({t for t, _ in cells}):
         baseline = [cells[(temperature, "ll.generate")][t] for t in tasks]
-        per_call, speed, forecast = [head], [head], [head]
+        per_call, speed, forecast, priced = [head], [head], [head], False
         for (t, method), by_task in cells.items():
             if t != temperature or method == "ll.generate":
                 continue
@@ -270,11 +278,13 @@ def spec_bench_markdown(run: dict, leaderboard: dict | None = None) -> str:
                          + (f" [{min(runs):.2f}-{max(runs):.2f}]" if len(runs) > 1 else "") + " |")
             if overall_forecast(rows, baseline):
                 forecast.append(forecast_line(method, rows, baseline))
+                priced = priced or overall_forecast(rows, baseline, "own") is not None
         parts.append(f"### T = {temperature:g}: tokens per target pass (first draft kept)\n\n" + "\n".join(per_call))
         parts.append(f"### T = {temperature:g}: speed over ll.generate (median [lowest-highest run])\n\n"
                      + "\n".join(speed))
         if len(forecast) > 1:
-            parts.append(f"### T = {temperature:g}: the cost model's forecast / the first run's speed\n\n"
+            middle = " / its price of the run's own passes" if priced else ""
+            parts.append(f"### T = {temperature:g}: the cost model's forecast{middle} / the first run's speed\n\n"
                          + "\n".join(forecast))
     board = ["| the leaderboard's method | its tokens per call | its speedup | our nearest row | "
              "our tokens per pass, T = 0 | our speedup, T = 0 |", "|:---|---:|---:|:---|---:|---:|"]
