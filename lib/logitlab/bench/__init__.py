@@ -54,7 +54,9 @@ path of ``ll.load``):
   autoregressive loop, task by task;
 * every speculative row gives the speedup the cost model predicts for it
   (``logitlab.bench.costmodel``): its target passes priced at the v(n) measured in the same
-  run, plus the drafter's own time, both counted on other prompts than the timed ones;
+  run, plus the drafter's own time, both counted on other prompts than the timed ones; and
+  (except prompt lookup's chapter 6 rows) the same model's price of the row's own timed passes
+  and drafter time, which checks the model's costs apart from its guess of the acceptance;
 * the decoding loop: ``ll.generate`` against Hugging Face ``generate``, 128 new tokens, greedy
   and sampled, as a tokens-per-second ratio (the two loops run alternately, so both see the
   same machine load); decoding with against without the KV cache

@@ -7,6 +7,10 @@ draft model, Medusa heads) or a lookup adds its own time; the decoding loop's bo
 left out, as in the formula. Plain decoding costs one step per token. The pass sizes and the
 drafter's time come from one run on *calibration* prompts (``prompts.CALIBRATION``), different
 from the prompts that are timed, so each prediction is a forecast of the timed row, not a fit.
+The same prices applied to the timed row's own passes and drafter time (``tally`` of what
+``drafting.timed_runs`` records, priced by ``drafting.own_price``) are not a forecast but a check
+of the costs alone: where the forecast misses and that price does not, the acceptance on the
+calibration prompts was what differed.
 """
 
 from __future__ import annotations
