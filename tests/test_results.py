@@ -29,7 +29,8 @@ def test_the_prose_about_the_run_quotes_the_run():
     earlier = (ROOT / "book" / "benchmark_history.md").read_text()
     tables = (results.run_markdown(results.bench_run()) + results.spec_bench_markdown(results.spec_bench_run())
               + results.spec_bench_markdown(results.training_free_run())
-              + results.spec_bench_markdown(results.eagle_retrained_run()))
+              + results.spec_bench_markdown(results.eagle_retrained_run())
+              + results.spec_bench_markdown(results.costmodel_run(), forecasts_only=True))
     measured = set(re.findall(r"(\d+\.\d\d)x", tables + earlier))
     assert quoted and quoted <= measured, f"ratios quoted but not in the run: {sorted(quoted - measured)}"
     assert text.index("## Summary") < text.index(results.PAGE_BEGIN)  # the reading comes first
@@ -206,6 +207,26 @@ def test_spec_bench_prices_of_the_runs_own_passes_are_read_and_tabled_beside_the
     assert "| EAGLE chain (gamma=3) | 1.60x / 2.10x / 2.00x | 1.20x / 0.75x / 1.00x | 1.40x / 1.19x / 1.40x |" in text
     assert all(r["own"] is None for r in results.spec_bench_cells({"rows": spec_bench_rows()})[
         (0.0, "EAGLE chain (gamma=3)")].values())  # an older run's rows
+
+
+def test_the_shipped_cost_model_run_prices_every_drafting_row_from_its_own_passes():
+    from logitlab.spec_bench import TASKS
+
+    run = results.costmodel_run()
+    cells = results.spec_bench_cells(run)
+    assert {t for t, _ in cells} == {0.0, 1.0} and all(set(by) == set(TASKS) for by in cells.values())
+    drafting = [r for (t, m), by in cells.items() if m != "ll.generate" for r in by.values()]
+    assert len(drafting) == 2 * 6 * 6 and all(r["own"] and r["predicted"] for r in drafting)
+    text = (ROOT / "book" / "benchmarks.md").read_text()
+    block = text[text.index(results.COST_BEGIN) + len(results.COST_BEGIN):text.index(results.COST_END)]
+    assert block.strip() == results.spec_bench_markdown(run, forecasts_only=True).strip(), \
+        "book/benchmarks.md is stale: run ll.results.write_into_page('book/benchmarks.md')"
+    # The page's claims: the counts of task rows within 10%, printed under each table.
+    assert "the forecast on 15 of 36 task rows (root-mean-square error 21%); the price of the row's own passes " \
+           "on 33 of 36 task rows (root-mean-square error 6%)" in block
+    assert "the forecast on 21 of 36 task rows (root-mean-square error 15%); the price of the row's own passes " \
+           "on 29 of 36 task rows (root-mean-square error 8%)" in block
+    assert "tokens per target pass (first draft kept)" not in block and "leaderboard" not in block
 
 
 def spec_bench_rows(tasks=("translation", "question answering")):

@@ -1,6 +1,6 @@
 """The measurements the book ships, for the closing chapter ("Choosing a decoder") and chapter 10.
 
-Seven files in ``logitlab/data``:
+Eight files in ``logitlab/data``:
 
 * ``bench_cpu.json``: one whole run of ``python -m logitlab.bench`` on the book's 2-core CPU,
   every row (measurement, median seconds, ratio, what the ratio is against) and the machine;
@@ -11,6 +11,8 @@ Seven files in ``logitlab/data``:
   training (``--spec-bench-drafters 'lookup|suffix|Recycling'``, chapter 10), three runs;
 * ``bench_spec_bench_eagle_cpu.json``: the same section with only the EAGLE drafter
   (``--spec-bench-drafters EAGLE``), three runs, measured again after the drafter was retrained;
+* ``bench_costmodel_cpu.json``: the same section with the trained drafters and prompt lookup,
+  one run, whose rows also carry the cost model's price of their own passes (its check);
 * ``bench_watermarks_cpu.json``: the bench's watermark section alone (chapter 12: three marks
   and keyed speculative sampling against ``ll.generate``), run three times on the same CPU;
 * ``gpu_pass_costs_h100.json``: the cost of a forward pass of SmolLM2-135M over n new tokens on
@@ -104,16 +106,18 @@ SPEC_BENCH_BEGIN, SPEC_BENCH_END = "% BEGIN the shipped Spec-Bench run", "% END 
 FREE_BEGIN, FREE_END = "% BEGIN the shipped training-free run", "% END the shipped training-free run"
 EAGLE_BEGIN, EAGLE_END = "% BEGIN the shipped retrained-EAGLE run", "% END the shipped retrained-EAGLE run"
 MARKS_BEGIN, MARKS_END = "% BEGIN the shipped watermark run", "% END the shipped watermark run"
+COST_BEGIN, COST_END = "% BEGIN the shipped cost-model run", "% END the shipped cost-model run"
 
 
 def write_into_page(page: str | Path, run: dict | None = None, spec_bench: dict | None = None,
                     training_free: dict | None = None, watermarks: dict | None = None,
-                    eagle: dict | None = None) -> None:
+                    eagle: dict | None = None, costmodel: dict | None = None) -> None:
     """Replace the tables between ``PAGE_BEGIN`` and ``PAGE_END`` in ``page`` (the benchmarks
     page) with ``run_markdown(run)`` (default: the shipped run), and those between
     ``SPEC_BENCH_BEGIN`` and ``SPEC_BENCH_END`` (``FREE_BEGIN`` and ``FREE_END``, ``EAGLE_BEGIN``
-    and ``EAGLE_END``) with ``spec_bench_markdown`` of the shipped Spec-Bench run (training-free
-    run, retrained-EAGLE run) or of the one given,
+    and ``EAGLE_END``, ``COST_BEGIN`` and ``COST_END``: its forecasts only) with
+    ``spec_bench_markdown`` of the shipped Spec-Bench run (training-free run, retrained-EAGLE run,
+    cost-model run) or of the one given,
     after a new run is shipped; a pair of lines the page does not have is left out."""
     page = Path(page)
     text = page.read_text()
@@ -123,7 +127,9 @@ def write_into_page(page: str | Path, run: dict | None = None, spec_bench: dict 
                                  (FREE_BEGIN, FREE_END,
                                   lambda: spec_bench_markdown(training_free or training_free_run())),
                                  (EAGLE_BEGIN, EAGLE_END, lambda: spec_bench_markdown(eagle or eagle_retrained_run())),
-                                 (MARKS_BEGIN, MARKS_END, lambda: run_markdown(watermarks or watermark_run()))]:
+                                 (MARKS_BEGIN, MARKS_END, lambda: run_markdown(watermarks or watermark_run())),
+                                 (COST_BEGIN, COST_END,
+                                  lambda: spec_bench_markdown(costmodel or costmodel_run(), forecasts_only=True))]:
         if begin not in text:
             continue
         start, stop = text.index(begin) + len(begin), text.index(end)
@@ -143,6 +149,13 @@ def eagle_retrained_run(path: str | Path | None = None) -> dict:
     ``ll.generate``), three runs, taken after its retraining; the full Spec-Bench run's EAGLE rows
     are those of the drafter shipped before."""
     return bench_run(path or DATA / "bench_spec_bench_eagle_cpu.json")
+
+
+def costmodel_run(path: str | Path | None = None) -> dict:
+    """The shipped run that checks the cost model: the Spec-Bench section with the trained drafters
+    and prompt lookup, one run, each row with the forecast from another question and the price of
+    its own passes."""
+    return bench_run(path or DATA / "bench_costmodel_cpu.json")
 
 
 def watermark_run(path: str | Path | None = None) -> dict:
@@ -243,26 +256,47 @@ def forecast_line(method: str, rows: list[dict], baseline: list[dict]) -> str:
     return f"| {method} | " + " | ".join(cells) + f" | {whole} / {measured:.2f}x |"
 
 
+def forecast_errors(cells: dict, temperature: float, tasks: list[str]) -> str:
+    """A line under a forecast table: of the task rows of every drafter at ``temperature`` whose
+    rows carry both numbers, how many the forecast and the price of the row's own passes each
+    come within 10% of (of the first run's speed), and the root-mean-square of their relative errors."""
+    errors = {"predicted": [], "own": []}
+    for (t, method), by_task in cells.items():
+        rows = [by_task[task] for task in tasks]
+        if t != temperature or method == "ll.generate" or not all(r.get("own") for r in rows):
+            continue
+        speeds, _ = first_run_speeds(rows, [cells[(t, "ll.generate")][task] for task in tasks])
+        for key, found in errors.items():
+            found += [r[key] / x - 1 for r, x in zip(rows, speeds)]
+    said = [f"{sum(abs(e) <= 0.1 for e in found)} of {len(found)} task rows (root-mean-square error "
+            f"{100 * statistics.fmean(e * e for e in found) ** 0.5:.0f}%)" for found in errors.values()]
+    return (f"\n\nWithin 10% of the first run's speed: the forecast on {said[0]}; the price of the row's own "
+            f"passes on {said[1]}.")
+
+
 # The leaderboard's method -> the start of our row that runs the same kind of drafter.
 SPEC_BENCH_NEAREST = {"prompt lookup (PLD)": "prompt lookup", "draft model (SpS)": "draft model",
                       "Medusa": "Medusa heads", "EAGLE": "EAGLE chain", "EAGLE-2": "EAGLE tree",
                       "Token Recycling": "Token Recycling"}
 
 
-def spec_bench_markdown(run: dict, leaderboard: dict | None = None) -> str:
+def spec_bench_markdown(run: dict, leaderboard: dict | None = None, forecasts_only: bool = False) -> str:
     """The Spec-Bench run as the benchmarks page shows it: per temperature, one table of tokens
     per target pass (and the first draft's acceptance) and one of speedups over ``ll.generate``
     with their spread over the runs, a column per task and one for all six; where the rows carry
     the cost model's forecasts, one table of forecast against the first run's speedup; then the
     leaderboard's figures (``spec_bench.LEADERBOARD_A100_VICUNA_7B``) beside our T = 0 overall
-    for the methods both have."""
+    for the methods both have. ``forecasts_only``: the forecast tables alone. Under a forecast
+    table whose rows also carry the price of their own passes, a line counts the task rows each
+    comes within 10% of (``forecast_errors``)."""
     from ..spec_bench import LEADERBOARD_A100_VICUNA_7B, TASKS
 
     leaderboard = LEADERBOARD_A100_VICUNA_7B if leaderboard is None else leaderboard
     cells = spec_bench_cells(run)
     tasks = [t for t in TASKS if any(t in by_task for by_task in cells.values())]
     head = "| drafter | " + " | ".join(tasks) + " | all tasks |\n|:---|" + "---:|" * (len(tasks) + 1)
-    parts, ours = [f"Machine: {run['machine']}; {run.get('runs', 1)} runs."], {}
+    runs = run.get("runs", 1)
+    parts, ours = [f"Machine: {run['machine']}; {runs} run{'s' if runs != 1 else ''}."], {}
     for temperature in sorted({t for t, _ in cells}):
         baseline = [cells[(temperature, "ll.generate")][t] for t in tasks]
         per_call, speed, forecast, priced = [head], [head], [head], False
@@ -279,13 +313,16 @@ def spec_bench_markdown(run: dict, leaderboard: dict | None = None) -> str:
             if overall_forecast(rows, baseline):
                 forecast.append(forecast_line(method, rows, baseline))
                 priced = priced or overall_forecast(rows, baseline, "own") is not None
-        parts.append(f"### T = {temperature:g}: tokens per target pass (first draft kept)\n\n" + "\n".join(per_call))
-        parts.append(f"### T = {temperature:g}: speed over ll.generate (median [lowest-highest run])\n\n"
-                     + "\n".join(speed))
+        if not forecasts_only:
+            parts.append(f"### T = {temperature:g}: tokens per target pass (first draft kept)\n\n" + "\n".join(per_call))
+            parts.append(f"### T = {temperature:g}: speed over ll.generate (median [lowest-highest run])\n\n"
+                         + "\n".join(speed))
         if len(forecast) > 1:
             middle = " / its price of the run's own passes" if priced else ""
             parts.append(f"### T = {temperature:g}: the cost model's forecast{middle} / the first run's speed\n\n"
-                         + "\n".join(forecast))
+                         + "\n".join(forecast) + (forecast_errors(cells, temperature, tasks) if priced else ""))
+    if forecasts_only:
+        return "\n\n".join(parts) + "\n"
     board = ["| the leaderboard's method | its tokens per call | its speedup | our nearest row | "
              "our tokens per pass, T = 0 | our speedup, T = 0 |", "|:---|---:|---:|:---|---:|---:|"]
     for name, (calls, ratio) in leaderboard.items():
