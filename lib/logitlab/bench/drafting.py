@@ -193,8 +193,11 @@ def own_price(model, context, target_drafts=()):
     acceptance was what it missed. ``target_drafts``: labels that draft with passes of the target
     (PaSS's two calls), already priced as passes, so their drafter time is not added again."""
     def price(results, passes):
-        seen = {label: tally(rs, passes[label], (lambda r: 0.0) if label in target_drafts else
-                             (lambda r: r.draft_seconds)) for label, rs in results.items() if label != "ll.generate"}
+        seen = {}
+        for label, runs in results.items():
+            if label != "ll.generate":
+                drafting = (lambda r: 0.0) if label in target_drafts else (lambda r: r.draft_seconds)
+                seen[label] = tally(runs, passes[label], drafting)
         return predicted_speedups(model, seen, context)
     return price
 
