@@ -194,10 +194,10 @@ def own_price(model, context, target_drafts=()):
     (PaSS's two calls), already priced as passes, so their drafter time is not added again."""
     def price(results, passes):
         seen = {}
-        for label, runs in results.items():
+        for label, outs in results.items():
             if label != "ll.generate":
                 drafting = (lambda r: 0.0) if label in target_drafts else (lambda r: r.draft_seconds)
-                seen[label] = tally(runs, passes[label], drafting)
+                seen[label] = tally(outs, passes[label], drafting)
         return predicted_speedups(model, seen, context)
     return price
 
