@@ -14,8 +14,11 @@
 #    DIR/runN.npz (this run's answers alone, token ids: move it into corpus/ to ship it). MORE goes
 #    to `generate` as it is, e.g. `--first german` to answer the translation prompts next.
 #
-# Steps 1 and 2 run only where DIR has no prompts file yet (clone the sources into DIR/src
-# beforehand where github.com cannot be reached). Run it again to grow the corpus. A run stopped
+# Steps 1 and 2 run only where DIR has no prompts file yet. Where github.com cannot be reached,
+# set MIRRORS to a folder of bare mirrors named owner+name/repo (what the search tool's `fetch`
+# makes under /work/.mirror): the files the prompts are read from are taken out of the commit
+# below one by one (such a mirror may lack a repository's largest files, none of them needed
+# here); or put the sources into DIR/src yourself. Run it again to grow the corpus. A run stopped
 # early keeps its answers in runN.npz (written after every batch); the next run resumes from it
 # and recomputes the logits its rows file lacks. `SECONDS` of 0 only rebuilds the rows file.
 # Sources and licences: logitlab.training.corpus.SOURCES.
@@ -28,14 +31,26 @@ mkdir -p "$DIR"
 cd "$DIR"
 
 if [ ! -f prompts.jsonl.xz ]; then
-    fetch() {  # repository, commit, folder
-        [ -d "src/$3" ] && return
-        git clone -q "https://github.com/$1" "src/$3"
-        git -C "src/$3" checkout -q "$2"
+    fetch() {  # repository, commit, folder, the paths read from it
+        local repo=$1 commit=$2 folder=src/$3 mirror
+        shift 3
+        [ -d "$folder" ] && return
+        mirror=${MIRRORS:+$MIRRORS/${repo/\//+}/repo}
+        if [ -z "$mirror" ]; then
+            git clone -q "https://github.com/$repo" "$folder"
+            git -C "$folder" checkout -q "$commit"
+            return
+        fi
+        git --git-dir="$mirror" ls-tree -r "$commit" -- "$@" | while read -r _ _ blob path; do
+            mkdir -p "$folder/$(dirname "$path")"
+            git --git-dir="$mirror" cat-file blob "$blob" > "$folder/$path"
+        done
     }
-    fetch yizhongw/self-instruct 0b26ccaa415992100fa32df62d41b994cf928e23 self-instruct
-    fetch openai/grade-school-math 3101c7d5072418e28b9008a6636bde82a006892c grade-school-math
-    fetch hemingkx/Spec-Bench fd2c1cd7d2201ef71db4c5f4e455008f017967bf Spec-Bench
+    fetch yizhongw/self-instruct 0b26ccaa415992100fa32df62d41b994cf928e23 self-instruct \
+        data/finetuning/t0_train_50k/data_per_template data/seed_tasks.jsonl human_eval/user_oriented_instructions.jsonl
+    fetch openai/grade-school-math 3101c7d5072418e28b9008a6636bde82a006892c grade-school-math \
+        grade_school_math/data/train.jsonl
+    fetch hemingkx/Spec-Bench fd2c1cd7d2201ef71db4c5f4e455008f017967bf Spec-Bench data/spec_bench/question.jsonl
     HANDBOOK=/usr/share/doc/debian-handbook/html/de-DE
     [ -d "$HANDBOOK" ] || apt-get install -y -q debian-handbook
     EXCLUDE=src/Spec-Bench/data/spec_bench/question.jsonl
