@@ -41,10 +41,14 @@ if [ ! -f prompts.jsonl.xz ]; then
             git -C "$folder" checkout -q "$commit"
             return
         fi
+        # Into a scratch folder first: a run stopped half-way must not leave a folder the next
+        # run would take for complete.
+        rm -rf "$folder.part"
         git --git-dir="$mirror" ls-tree -r "$commit" -- "$@" | while read -r _ _ blob path; do
-            mkdir -p "$folder/$(dirname "$path")"
-            git --git-dir="$mirror" cat-file blob "$blob" > "$folder/$path"
+            mkdir -p "$folder.part/$(dirname "$path")"
+            git --git-dir="$mirror" cat-file blob "$blob" > "$folder.part/$path"
         done
+        mv "$folder.part" "$folder"
     }
     fetch yizhongw/self-instruct 0b26ccaa415992100fa32df62d41b994cf928e23 self-instruct \
         data/finetuning/t0_train_50k/data_per_template data/seed_tasks.jsonl human_eval/user_oriented_instructions.jsonl
