@@ -42,6 +42,48 @@ def test_turned_is_f_linear_to_rounding(rows, bias):
     torch.testing.assert_close(fast_cpu.turned(xt, weight), F.linear(xt, weight), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3, 17])
+@pytest.mark.parametrize("bias", [False, True])
+def test_transposed_is_f_linear_to_rounding(rows, bias):
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(300, 64, generator=gen)
+    b = torch.randn(300, generator=gen) if bias else None
+    x = torch.randn(2, rows, 64, generator=gen)
+    ours, plain = fast_cpu.transposed(x, weight.T.contiguous(), b), F.linear(x, weight, b)
+    assert ours.shape == plain.shape == (2, rows, 300)
+    assert ours.is_contiguous()
+    torch.testing.assert_close(ours, plain, rtol=1e-5, atol=1e-4)
+
+
+def test_each_layer_keeps_only_the_copies_its_kernels_read(monkeypatch):
+    fastest = {(8, 8): {n: "transposed" if n == 1 else "packed" for n in fast_cpu.ROWS},
+               (4, 8): {n: "linear" if n == 1 else "turned" for n in fast_cpu.ROWS}}
+    table = {(shape, n): {k: (0.5 if k == kernel else 1.0) for k in fast_cpu.KERNELS}
+             for shape, per_rows in fastest.items() for n, kernel in per_rows.items()}
+    monkeypatch.setattr(fast_cpu, "_product_times", lambda linears, kernels, rounds: table)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
+    assert fast_cpu.enable(model) == fastest
+    assert torch.equal(model[0].logitlab_transposed, model[0].weight.T) and model[0].logitlab_transposed.is_contiguous()
+    assert hasattr(model[0], "logitlab_packed")
+    assert not hasattr(model[1], "logitlab_transposed") and not hasattr(model[1], "logitlab_packed")
+    monkeypatch.undo()
+    x = torch.randn(1, 8)
+    with torch.no_grad():  # one row through the transposed copy, two through the packed one
+        torch.testing.assert_close(model[0](x), F.linear(x, model[0].weight, model[0].bias), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(model[0](x.repeat(2, 1)), F.linear(x, model[0].weight, model[0].bias).repeat(2, 1),
+                                   rtol=1e-5, atol=1e-5)
+    fast_cpu.disable(model)
+    assert not any(hasattr(m, "logitlab_transposed") or hasattr(m, "logitlab_packed") for m in model)
+
+
+def test_a_choice_among_fewer_kernels_is_not_read(monkeypatch, tmp_path):
+    # A file saved before a kernel was added does not hold that kernel's measurement: its name differs.
+    linears = [torch.nn.Linear(8, 8)]
+    now = fast_cpu.remembered_choice(tmp_path, linears)
+    monkeypatch.setattr(fast_cpu, "KERNELS", fast_cpu.KERNELS[:-1])
+    assert fast_cpu.remembered_choice(tmp_path, linears) != now
+
+
 def test_load_calibrates_every_row_count(fast):
     model = fast[0]
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
@@ -50,9 +92,10 @@ def test_load_calibrates_every_row_count(fast):
     for per_rows in model.logitlab_fast_cpu.values():
         assert set(per_rows) == set(fast_cpu.ROWS) and set(per_rows.values()) <= set(fast_cpu.KERNELS)
     assert all(forward_mode(m) for m in linears)
-    # Packed copies are kept only when some shape and row count uses them.
-    packed = any("packed" in per_rows.values() for per_rows in model.logitlab_fast_cpu.values())
-    assert all(hasattr(m, "logitlab_packed") == packed for m in linears)
+    # A layer keeps a packed or a transposed copy of its weight only where its kernels read it.
+    for m in linears:
+        assert hasattr(m, "logitlab_packed") == ("packed" in m.logitlab_kernels.values())
+        assert hasattr(m, "logitlab_transposed") == ("transposed" in m.logitlab_kernels.values())
 
 
 @torch.inference_mode()
@@ -238,7 +281,8 @@ def test_without_onednn_packing_the_other_kernels_remain(monkeypatch):
     monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 64))
     choice = fast_cpu.enable(model)
-    assert {kernel for per_rows in choice.values() for kernel in per_rows.values()} <= {"linear", "turned"}
+    kernels = {kernel for per_rows in choice.values() for kernel in per_rows.values()}
+    assert kernels <= {"linear", "turned", "transposed"}
     assert not any(hasattr(m, "logitlab_packed") for m in model)
     x = torch.randn(3, 64)
     with torch.no_grad():

@@ -7,12 +7,16 @@ They are memory-bound: the weights are read once whatever n, so a pass over 8 to
 cost about what a pass over one costs. PyTorch's ``F.linear`` falls short of that on CPUs: it
 runs one row as a matrix-vector product on a single core (PyTorch issue 96643) and a few rows
 through a GEMM kernel made for many, both streaming the weights far below what the memory gives.
-Two other ways compute the same products:
+Three other ways compute the same products:
 
 * ``"turned"``: ``(W @ xᵀ)ᵀ``, the rows as the small side of the GEMM (one row padded to two,
   since a one-column product goes back to the single-core kernel);
 * ``"packed"``: oneDNN's linear on a copy of ``W`` laid out for it once at load (the kernel
-  ``torch.compile`` uses on CPUs); it costs a second copy of the weights in memory.
+  ``torch.compile`` uses on CPUs); it costs a second copy of the weights in memory;
+* ``"transposed"``: ``x @ Wᵀ`` with ``Wᵀ`` copied once at load into a contiguous matrix of
+  its own: the same product with the weights stored the other way round, which the BLAS
+  computes with another kernel (on an older EPYC without AVX-512 it streamed one row's output
+  layer about twice as fast as ``F.linear``); it too costs a copy of the weights.
 
 Which one wins depends on the CPU, its BLAS and the number of rows, so :func:`enable` times
 every product of the model with each kernel, for 1, 2, 4, 8, 16, 32 and 64 rows, and keeps
@@ -21,8 +25,8 @@ choice for the next count up; more than 64 rows (a long prompt's prefill) use ``
 (On the book's CPU oneDNN's kernel computed the output layer for 17 to 64 rows two to three
 times as fast as ``F.linear``, which is why the calibration goes past 16.) ``ll.load`` calls
 it for models on the CPU and keeps the choice in its cache folder, one small file per machine
-(CPU, thread count, PyTorch, weight shapes), so that only the first load on a machine measures:
-later loads are quicker and choose the same kernels, hence the same logits to the last bit
+(CPU, thread count, PyTorch, weight shapes, kernels), so that only the first load on a machine
+measures: later loads are quicker and choose the same kernels, hence the same logits to the last bit
 (timings a few percent apart would otherwise choose differently from one load to the next).
 Delete the file (:func:`remembered_choice` names it) to measure again; ``python -m
 logitlab.bench`` starts by deleting every such file (:func:`forget_choices`), so that its
@@ -65,7 +69,7 @@ import torch.nn.functional as F
 ROWS = (1, 2, 4, 8, 16, 32, 64)  # the calibrated row counts
 # A pass over n rows (1..64) uses the choice made for BUCKET[n], the next calibrated count up.
 BUCKET = [None] + [next(r for r in ROWS if r >= n) for n in range(1, ROWS[-1] + 1)]
-KERNELS = ("linear", "turned", "packed")
+KERNELS = ("linear", "turned", "packed", "transposed")
 ATTENTION = "logitlab_gqa"  # the name :func:`gqa_attention` is registered under in transformers
 ONE_QUERY_ROWS = (1, 8, 64)  # batch sizes at which a one-token pass's attention is timed
 ONE_QUERY_CONTEXT = (128, 1024)  # the keys it attends to
@@ -98,16 +102,16 @@ def enable(model, rounds: int = 2, remember: str | Path | None = None) -> dict:
     if choice is not None and _uses_packed(choice) and not _pack(linears):
         choice = None  # saved where oneDNN packing worked: measure again without it
     if choice is None:
-        kernels = ["linear", "turned"] + (["packed"] if _pack(linears) else [])
+        kernels = ["linear", "turned", "transposed"] + (["packed"] if _pack(linears) else [])
+        for layer in linears:
+            _transpose(layer)
         choice = _measure(linears, kernels, rounds)
         if file:
             _write_choice(file, choice)
-    uses_packed = _uses_packed(choice)
     for layer in linears:
         layer.logitlab_kernels = choice[_shape(layer)]
         layer.forward = types.MethodType(_forward, layer)
-        if not uses_packed:
-            vars(layer).pop("logitlab_packed", None)  # a second copy of the weights that nothing uses
+        _keep_copies(layer)
     if _attention(model) == "sdpa":
         _register_attention()
         model.config._attn_implementation = ATTENTION
@@ -120,9 +124,9 @@ def enable(model, rounds: int = 2, remember: str | Path | None = None) -> dict:
 
 
 def disable(model) -> None:
-    """Give every ``nn.Linear`` of ``model`` back its own forward (and drop packed copies)."""
+    """Give every ``nn.Linear`` of ``model`` back its own forward (and drop the copies of its weights)."""
     for layer in model.modules():
-        for name in ("forward", "logitlab_kernels", "logitlab_packed", "logitlab_one_query"):
+        for name in ("forward", "logitlab_kernels", "logitlab_packed", "logitlab_transposed", "logitlab_one_query"):
             vars(layer).pop(name, None)
     if _attention(model) == ATTENTION:
         model.config._attn_implementation = "sdpa"
@@ -268,6 +272,14 @@ def turned(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
+def transposed(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` computed as ``x @ weight_t``, where ``weight_t`` is
+    ``weight.T`` copied into a contiguous matrix (``[in, out]``)."""
+    rows = x.reshape(-1, x.shape[-1])
+    out = torch.mm(rows, weight_t) if bias is None else torch.addmm(bias, rows, weight_t)
+    return out.reshape(*x.shape[:-1], weight_t.shape[1])
+
+
 def _forward(self, x: torch.Tensor) -> torch.Tensor:
     if torch.is_grad_enabled():
         return F.linear(x, self.weight, self.bias)
@@ -282,6 +294,8 @@ def _product(kernel: str, layer, x: torch.Tensor) -> torch.Tensor:
         return turned(x, layer.weight, layer.bias)
     if kernel == "packed":
         return torch.ops.mkldnn._linear_pointwise(x, layer.logitlab_packed, layer.bias, "none", [None], "")
+    if kernel == "transposed":
+        return transposed(x, layer.logitlab_transposed, layer.bias)
     return F.linear(x, layer.weight, layer.bias)
 
 
@@ -316,8 +330,10 @@ def machine() -> str:
 
 
 def remembered_choice(folder: str | Path, linears) -> Path:
-    """The file that keeps the kernel choice for this machine and these weights in ``folder``."""
-    key = json.dumps([machine(), sorted({_shape(m) for m in linears}), str(linears[0].weight.dtype)])
+    """The file that keeps the kernel choice for this machine and these weights in ``folder``.
+    Its name also depends on the kernels there are to choose from, so that a choice made before
+    a kernel was added is not read as if that kernel had lost."""
+    key = json.dumps([machine(), sorted({_shape(m) for m in linears}), str(linears[0].weight.dtype), KERNELS])
     return Path(folder) / "fast_cpu" / f"choice-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
@@ -382,6 +398,24 @@ def _product_times(linears, kernels, rounds: int) -> dict:
                     for shape, seconds in spent.items():
                         times.setdefault((shape, n), {}).setdefault(kernel, []).append(seconds)
     return {key: {kernel: statistics.median(ts) for kernel, ts in row.items()} for key, row in times.items()}
+
+
+def _transpose(layer) -> None:
+    """Give ``layer`` the copy of its weight that the ``"transposed"`` kernel reads."""
+    if not hasattr(layer, "logitlab_transposed"):
+        layer.logitlab_transposed = layer.weight.detach().t().contiguous()
+
+
+def _keep_copies(layer) -> None:
+    """Keep the copies of ``layer``'s weight that its chosen kernels read, and no other: each
+    is as large as the weight itself."""
+    used = set(layer.logitlab_kernels.values())
+    if "transposed" in used:
+        _transpose(layer)
+    else:
+        vars(layer).pop("logitlab_transposed", None)
+    if "packed" not in used:
+        vars(layer).pop("logitlab_packed", None)
 
 
 def _shape(layer) -> tuple:

@@ -17,7 +17,8 @@ SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16)
 
 def weight_bytes(model) -> int:
     """The bytes a forward pass must read: every parameter once (tied weights counted once;
-    the fast path's packed copies replace the weights they copy, so they are not counted)."""
+    the fast path's packed and transposed copies replace the weights they copy, so they are not
+    counted)."""
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
