@@ -44,15 +44,25 @@ def test_turned_is_f_linear_to_rounding(rows, bias):
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 17])
 @pytest.mark.parametrize("bias", [False, True])
-def test_transposed_is_f_linear_to_rounding(rows, bias):
+@pytest.mark.parametrize("parts", [1, 2, 3])
+def test_transposed_is_f_linear_to_rounding(rows, bias, parts):
     gen = torch.Generator().manual_seed(rows)
     weight = torch.randn(300, 64, generator=gen)
     b = torch.randn(300, generator=gen) if bias else None
     x = torch.randn(2, rows, 64, generator=gen)
-    ours, plain = fast_cpu.transposed(x, weight.T.contiguous(), b), F.linear(x, weight, b)
+    blocks = fast_cpu.transposed_blocks(weight, parts)
+    assert blocks.shape == (parts, 64, 300 // parts) and blocks.is_contiguous()
+    ours, plain = fast_cpu.transposed(x, blocks, b), F.linear(x, weight, b)
     assert ours.shape == plain.shape == (2, rows, 300)
     assert ours.is_contiguous()
     torch.testing.assert_close(ours, plain, rtol=1e-5, atol=1e-4)
+
+
+def test_transposed_blocks_divide_the_outputs_evenly():
+    weight = torch.randn(12, 5)
+    assert fast_cpu.transposed_blocks(weight, 5).shape == (4, 5, 3)  # 5 parts do not divide 12: 4 do
+    assert torch.equal(fast_cpu.transposed_blocks(weight, 4).transpose(0, 1).reshape(5, 12), weight.T)
+    assert fast_cpu.transposed_blocks(torch.randn(7, 5), 4).shape == (1, 5, 7)
 
 
 def test_each_layer_keeps_only_the_copies_its_kernels_read(monkeypatch):
@@ -63,7 +73,7 @@ def test_each_layer_keeps_only_the_copies_its_kernels_read(monkeypatch):
     monkeypatch.setattr(fast_cpu, "_product_times", lambda linears, kernels, rounds: table)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
     assert fast_cpu.enable(model) == fastest
-    assert torch.equal(model[0].logitlab_transposed, model[0].weight.T) and model[0].logitlab_transposed.is_contiguous()
+    assert torch.equal(model[0].logitlab_transposed, fast_cpu.transposed_blocks(model[0].weight))
     assert hasattr(model[0], "logitlab_packed")
     assert not hasattr(model[1], "logitlab_transposed") and not hasattr(model[1], "logitlab_packed")
     monkeypatch.undo()

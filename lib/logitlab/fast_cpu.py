@@ -13,10 +13,11 @@ Three other ways compute the same products:
   since a one-column product goes back to the single-core kernel);
 * ``"packed"``: oneDNN's linear on a copy of ``W`` laid out for it once at load (the kernel
   ``torch.compile`` uses on CPUs); it costs a second copy of the weights in memory;
-* ``"transposed"``: ``x @ Wᵀ`` with ``Wᵀ`` copied once at load into a contiguous matrix of
-  its own: the same product with the weights stored the other way round, which the BLAS
-  computes with another kernel (on an older EPYC without AVX-512 it streamed one row's output
-  layer about twice as fast as ``F.linear``); it too costs a copy of the weights.
+* ``"transposed"``: ``x @ Wᵀ`` with ``Wᵀ`` copied once at load, the weights stored the other
+  way round, which the BLAS multiplies with another kernel (on an older EPYC without AVX-512 it
+  streamed one row's output layer about twice as fast as ``F.linear``). That kernel runs one
+  row on one core, so the copy is cut into one block of columns per thread, multiplied as a
+  batch (:func:`transposed_blocks`); it too costs a copy of the weights.
 
 Which one wins depends on the CPU, its BLAS and the number of rows, so :func:`enable` times
 every product of the model with each kernel, for 1, 2, 4, 8, 16, 32 and 64 rows, and keeps
@@ -272,12 +273,26 @@ def turned(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
-def transposed(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` computed as ``x @ weight_t``, where ``weight_t`` is
-    ``weight.T`` copied into a contiguous matrix (``[in, out]``)."""
+def transposed_blocks(weight: torch.Tensor, parts: int | None = None) -> torch.Tensor:
+    """``weight.T`` (``[in, out]``) copied as ``parts`` blocks of columns, ``[parts, in, out /
+    parts]``: by default one per thread (the most that divide ``out`` evenly), so that a batched
+    product can give each thread its own block; what :func:`transposed` multiplies with."""
+    out = weight.shape[0]
+    most = torch.get_num_threads() if parts is None else parts
+    parts = next(p for p in range(max(1, most), 0, -1) if out % p == 0)
+    return torch.stack(weight.detach().t().chunk(parts, dim=1)).contiguous()
+
+
+def transposed(x: torch.Tensor, blocks: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` computed as ``x @ weight.T``, block by block, from
+    ``blocks = transposed_blocks(weight)``: one batched product, each block's columns in turn."""
     rows = x.reshape(-1, x.shape[-1])
-    out = torch.mm(rows, weight_t) if bias is None else torch.addmm(bias, rows, weight_t)
-    return out.reshape(*x.shape[:-1], weight_t.shape[1])
+    parts, n = blocks.shape[0], rows.shape[0]
+    out = torch.bmm(rows.expand(parts, n, rows.shape[1]), blocks)  # [parts, n, out / parts]
+    out = out.transpose(0, 1).reshape(n, -1)  # a view where n or parts is 1 (one row: a decode step)
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
 def _forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -403,7 +418,7 @@ def _product_times(linears, kernels, rounds: int) -> dict:
 def _transpose(layer) -> None:
     """Give ``layer`` the copy of its weight that the ``"transposed"`` kernel reads."""
     if not hasattr(layer, "logitlab_transposed"):
-        layer.logitlab_transposed = layer.weight.detach().t().contiguous()
+        layer.logitlab_transposed = transposed_blocks(layer.weight)
 
 
 def _keep_copies(layer) -> None:
