@@ -78,8 +78,12 @@ def test_each_layer_keeps_only_the_copies_its_kernels_read(monkeypatch):
     assert not hasattr(model[1], "logitlab_transposed") and not hasattr(model[1], "logitlab_packed")
     monkeypatch.undo()
     x = torch.randn(1, 8)
+    calls = []
+    real = fast_cpu.transposed
+    monkeypatch.setattr(fast_cpu, "transposed", lambda *args: calls.append(len(args[0])) or real(*args))
     with torch.no_grad():  # one row through the transposed copy, two through the packed one
         torch.testing.assert_close(model[0](x), F.linear(x, model[0].weight, model[0].bias), rtol=1e-5, atol=1e-5)
+        assert calls == [1]  # the one-row product went through the transposed kernel, not F.linear
         torch.testing.assert_close(model[0](x.repeat(2, 1)), F.linear(x, model[0].weight, model[0].bias).repeat(2, 1),
                                    rtol=1e-5, atol=1e-5)
     fast_cpu.disable(model)
