@@ -12,8 +12,8 @@ import torch
 from test_speculative import tiny_llama
 
 from logitlab.training.corpus import (answer_order, batches, build_prompts, cut_at_stop, extended_prompts, kept_rows,
-                                      german_prompts, load_token_files, load_tokens, save_tokens, shingles,
-                                      teacher_forced_rows, token_rows)
+                                      german_prompts, greedy_rows, load_token_files, load_tokens, save_tokens,
+                                      shingles, teacher_forced_rows, token_rows)
 from logitlab.training.data import (choose_vocabulary, generate_with_logits, length_batches, split_held_out,
                                     steps_within)
 from logitlab.training.draft import held_out as held_out_rows
@@ -219,6 +219,49 @@ def test_token_rows_are_each_prompt_in_its_template_and_its_answer(tmp_path):
     assert choose_vocabulary(got, 100, 4).tolist() == [5, 7, 8, 9]
 
 
+def test_greedy_rows_are_the_t0_answers_with_each_token_as_the_targets_argmax(tmp_path):
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"source": "t0", "text": "ab"}, {"source": "t0", "text": "c"}])
+    # Rows come in pairs, greedy then T = 1; an empty greedy answer teaches nothing and is left out.
+    save_tokens([(torch.tensor([60, 99, 7, 8]), 2, None, None), (torch.tensor([60, 99, 9]), 2, None, None)],
+                [1, 1], tmp_path / "a.npz")
+    save_tokens([(torch.tensor([60, 97, 98]), 3, None, None), (torch.tensor([60, 97, 98, 4]), 3, None, None)],
+                [0, 0], tmp_path / "b.npz")
+    got = greedy_rows(CharTokenizer(), [tmp_path / "a.npz", tmp_path / "b.npz"], prompts)
+    assert len(got) == 1
+    tokens, start, topv, argmax = got[0]
+    assert (tokens.tolist(), start, topv) == ([60, 99, 7, 8], 2, None)
+    assert argmax.tolist() == [[7], [8]]
+    # The vocabulary counts the answers' tokens (the rows have no logits to weigh them by).
+    assert choose_vocabulary(got, 100, 2).tolist() == [7, 8]
+
+
+def test_subset_cross_entropy_is_over_the_drafted_tokens_at_the_positions_they_can_hit():
+    from logitlab.speculative.draft_model import build_draft
+    from logitlab.speculative.subset_head import SubsetHead
+    from logitlab.training.data import new_token_states
+    from logitlab.training.draft import first_guess_accuracy, loss_on
+
+    target = tiny_llama(2, 0, vocab=12)
+    target.config.tie_word_embeddings = True
+    draft = build_draft(target)
+    rows = [(torch.tensor([1, 2, 3, 4, 5]), 2, None, torch.tensor([[3], [4], [5]])),
+            (torch.tensor([6, 7, 9]), 1, None, torch.tensor([[7], [9]]))]
+    head = SubsetHead(target.model.embed_tokens.weight, torch.tensor([3, 5, 9]))
+    with torch.no_grad():
+        h = torch.cat(new_token_states(draft.model, rows))  # 5 positions; token 4 and 7 are not drafted from
+        logp = torch.log_softmax(h @ target.model.embed_tokens.weight[[3, 5, 9]].T, -1)
+        expected = -(logp[0, 0] + logp[2, 1] + logp[4, 2]) / 3  # positions 1 and 3 (targets 4, 7) left out
+        torch.testing.assert_close(loss_on(draft, rows, "ce", head), expected)
+        full = torch.nn.functional.cross_entropy(draft.lm_head(h), torch.tensor([3, 4, 5, 7, 9]))
+        torch.testing.assert_close(loss_on(draft, rows, "ce"), full)
+        missed = [(torch.tensor([1, 2]), 1, None, torch.tensor([[4]]))]
+        assert loss_on(draft, missed, "ce", head).item() == 0.0  # not NaN
+        # Its first guesses are tokens of the subset, scored against every position's target.
+        guess = torch.tensor([3, 5, 9])[logp.argmax(-1)]
+        expected_hits = (guess == torch.tensor([3, 4, 5, 7, 9])).float().mean().item()
+        assert first_guess_accuracy(draft, rows, head=head) == pytest.approx(expected_hits)
+
+
 def test_a_resumed_corpus_keeps_the_rows_file_of_its_token_file(tmp_path):
     model = tiny_llama(2, 0, vocab=12)
     rows = generate_with_logits(model, [[1, 2, 3], [4, 5]], [0.0, 1.0], 6, 4, torch.Generator().manual_seed(0))
@@ -326,6 +369,11 @@ def test_draft_medusa_and_pass_trainers_read_a_corpus_and_hold_out_eagles_rows(t
     assert 0.5 < log["mean_kl_per_slot"][1] / log["mean_kl_per_slot"][0] < 2  # two steps: a mean of two, not of ten
     with pytest.raises(SystemExit):
         lookahead.main(common + ["--k", "8", "--out", str(tmp_path / "p8.safetensors")])
+    # Cross-entropy reads the greedy rows alone (each prompt's first), with no pass of the target.
+    draft.main(common + ["--loss", "ce", "--batch", "2", "--vocab", "64", "--held-out-every", "7",
+                         "--out", str(tmp_path / "c.safetensors")])
+    log = json.loads((tmp_path / "c.json").read_text())
+    assert (log["rows"], log["held_out_rows"], log["held_out_new_tokens"]) == (7, 1, 8)
     with pytest.raises(SystemExit):
         draft.main(["--corpus", str(tmp_path / "a.npz")])  # no prompts file
 

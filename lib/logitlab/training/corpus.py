@@ -248,6 +248,19 @@ def token_rows(tok, token_files: list[Path], prompts_file: Path) -> list:
     return [(torch.tensor(prompts[i] + a), len(prompts[i]), None, None) for i, a in zip(sources, answers)]
 
 
+def greedy_rows(tok, token_files: list[Path], prompts_file: Path) -> list:
+    """The greedy (T = 0) rows of the token files, as ``(tokens, new_from, None, argmax)`` with
+    ``argmax`` the answer as a ``[n, 1]`` column: each token of a greedy answer is the target's most
+    likely next token (as the generation computed it, in the dtype the corpus was made in), which is
+    all a cross-entropy trainer learns, so it is read from the text with no pass of the target."""
+    import numpy as np
+
+    temperatures = np.concatenate([np.load(path)["temperature"] for path in token_files]).tolist()
+    rows = token_rows(tok, token_files, prompts_file)
+    return [(t, s, None, t[s:, None]) for (t, s, _, _), temp in zip(rows, temperatures, strict=True)
+            if temp == 0 and len(t) > s]
+
+
 def logit_rows(model, tok, token_files: list[Path], prompts_file: Path) -> list:
     """The rows of the token files with the target's top-64 logits at every answer position, from
     one teacher-forced pass: what the trainers that learn the target's distribution read (the

@@ -247,11 +247,11 @@ def split_held_out(data, prompts: list[list[int]], every: int) -> tuple[list, li
 def choose_vocabulary(data, vocab_size: int, size: int) -> torch.Tensor:
     """The ``size`` tokens to which the target gives the most probability mass over the
     training data (its top-k distribution at every recorded position), as sorted ids. Rows
-    without logits (``logitlab.training.corpus.token_rows``) count their new tokens instead: the
-    target's own greedy and sampled choices, an estimate of the same mass."""
+    without logits (``logitlab.training.corpus.token_rows``, ``greedy_rows``) count their new tokens
+    instead: the target's own greedy and sampled choices, an estimate of the same mass."""
     mass = torch.zeros(vocab_size, dtype=torch.float64, device="cpu")  # rows live on the CPU
     for tokens, start, topv, topi in data:
-        if topi is None:
+        if topv is None:
             mass.index_add_(0, tokens[start:].long(), torch.ones(len(tokens) - start, dtype=torch.float64))
         else:
             mass.index_add_(0, topi.long().flatten(), torch.softmax(topv.float(), dim=-1).double().flatten())
