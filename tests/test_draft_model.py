@@ -34,6 +34,14 @@ def test_subset_head_scores_the_subset_like_the_full_layer_and_nothing_else():
     assert (probs[..., others] == 0).all() and torch.allclose(probs.sum(-1), torch.ones(2, 5))
 
 
+def test_subset_positions_find_each_token_in_a_subset_in_any_order():
+    from logitlab.speculative.subset_head import subset_positions
+
+    vocab = torch.tensor([7, 1, 3])  # not sorted: the Medusa heads' and the draft's vocabularies both serve
+    got = subset_positions(vocab, torch.tensor([[3, 0], [7, 1]]), vocab_size=10)
+    assert got.tolist() == [[2, -1], [0, 1]]
+
+
 def test_choose_vocabulary_picks_the_tokens_with_the_most_target_probability():
     # Two recorded positions, top-3 logits each; token 5 is in both and gets the most mass.
     rows = [(None, None, torch.tensor([[3.0, 1.0, 0.0], [2.0, 1.5, -5.0]]).half(),

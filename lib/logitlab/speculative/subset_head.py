@@ -34,3 +34,11 @@ class SubsetHead(torch.nn.Module):
         small = self.scores(hidden)  # [..., K]
         logits = small.new_full((*small.shape[:-1], self.vocab_size), float("-inf"))
         return logits.index_copy_(-1, self.vocab, small)
+
+
+def subset_positions(vocab: torch.Tensor, tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Each of ``tokens``' index in ``vocab`` (a subset of ``vocab_size`` token ids, in any order),
+    -1 for a token outside it: where a trainer finds a target among a subset's scores."""
+    lookup = torch.full((vocab_size,), -1, dtype=torch.long, device=tokens.device)
+    lookup[vocab.to(tokens.device)] = torch.arange(len(vocab), device=tokens.device)
+    return lookup[tokens.long()]

@@ -61,7 +61,7 @@ import torch
 import torch.nn.functional as F
 
 from ..speculative.draft_model import build_draft
-from ..speculative.subset_head import SubsetHead
+from ..speculative.subset_head import SubsetHead, subset_positions
 from .corpus import add_corpus_arguments, check_corpus_arguments, greedy_rows, logit_rows
 from .data import (
     choose_vocabulary,
@@ -117,8 +117,8 @@ def loss_on(draft, rows, kind: str = "kl", head: SubsetHead | None = None) -> to
 def subset_ce(head: SubsetHead, h: torch.Tensor, argmax: torch.Tensor) -> torch.Tensor:
     """The cross-entropy of the draft's distribution over ``head``'s vocabulary (the tokens it drafts
     from) at the positions whose target ``argmax`` is one of them; 0 where none is."""
-    where = torch.searchsorted(head.vocab, argmax).clamp(max=len(head.vocab) - 1)  # the vocabulary is sorted
-    inside = head.vocab[where] == argmax
+    where = subset_positions(head.vocab, argmax, head.vocab_size)
+    inside = where >= 0
     ce = F.cross_entropy(head.scores(h[inside]).float(), where[inside], reduction="sum")
     return ce / inside.sum().clamp(min=1)
 

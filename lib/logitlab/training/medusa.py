@@ -50,6 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from ..speculative.medusa_heads import MedusaHeads, save_heads
+from ..speculative.subset_head import subset_positions
 from .corpus import add_corpus_arguments, check_corpus_arguments, token_rows
 from .data import (
     cached,
@@ -102,10 +103,8 @@ def training_tensors(data, states, vocab: torch.Tensor, vocab_size: int, num_hea
     row of its target (``[num_heads, N]``, -1 where the sequence ends first)."""
     hidden = torch.cat(states).float()
     device = hidden.device  # all four on the states' device: training indexes them together
-    lookup = torch.full((vocab_size,), -1, dtype=torch.long, device=device)
-    lookup[vocab.to(device)] = torch.arange(len(vocab), device=device)
     topv = torch.cat([r[2] for r in data]).float().to(device)
-    sub = lookup[torch.cat([r[3] for r in data]).long().to(device)]  # [N, k]
+    sub = subset_positions(vocab, torch.cat([r[3] for r in data]).to(device), vocab_size)  # [N, k]
     probs = torch.softmax(topv.masked_fill(sub < 0, float("-inf")), dim=-1).nan_to_num(0.0)
     target_row = torch.full((num_heads, len(hidden)), -1, dtype=torch.long, device=device)
     offset = 0
