@@ -12,6 +12,7 @@ import torch
 from test_speculative import tiny_llama
 
 from logitlab.training.corpus import (answer_order, batches, build_prompts, cut_at_stop, extended_prompts, kept_rows,
+                                      chat_prompts, kept_prompts,
                                       german_prompts, greedy_rows, load_token_files, load_tokens, save_tokens,
                                       shingles, teacher_forced_rows, token_rows)
 from logitlab.training.data import (choose_vocabulary, generate_with_logits, length_batches, split_held_out,
@@ -77,10 +78,38 @@ def test_an_extended_prompts_file_keeps_every_old_prompt_where_it_was(tmp_path):
     (tmp_path / "de/a.html").write_text("".join(f'<div class="para">{t}</div>' for t in [GERMAN, other, GERMAN]))
     old = [{"source": "t0", "text": "b"}, {"source": "gsm8k", "text": "a"},
            {"source": "german", "text": "Translate German to English: " + other}]  # already there
-    rows = extended_prompts(old, tmp_path / "de", None)
+    new = [("german", t) for t in german_prompts(tmp_path / "de")]
+    rows = extended_prompts(old, new, None)
     assert rows[:3] == old and rows[3:] == [{"source": "german", "text": "Translate German to English: " + GERMAN}]
     exclude = write_jsonl(tmp_path / "q.jsonl", [{"turns": [shared.upper()]}])  # twelve of its words
-    assert extended_prompts(old, tmp_path / "de", exclude) == old
+    assert extended_prompts(old, new, exclude) == old
+
+
+def test_conversational_sources_become_prompts_as_a_person_would_type_them(tmp_path):
+    nq = write_jsonl(tmp_path / "nq.jsonl", [{"question": "who played anna in frozen", "answer": ["Kristen Bell"]},
+                                              {"question": "Is it a question?"}])
+    arena = write_jsonl(tmp_path / "arena.jsonl", [{"turns": [{"content": "Write a haiku. "}, {"content": "More"}]}])
+    vicuna = write_jsonl(tmp_path / "vicuna.jsonl", [{"turns": ["How do I sleep better?"]}])
+    roleplay = tmp_path / "roleplay.json"
+    roleplay.write_text(json.dumps([{"instruction": "You are a pirate. ", "input": " Where is the gold?"},
+                                    {"instruction": "Greet me as a knight.", "input": ""}]))
+    assert chat_prompts([nq], arena, vicuna, roleplay) == [
+        ("nq", "Who played anna in frozen?"), ("nq", "Is it a question?"), ("arena", "Write a haiku."),
+        ("vicuna", "How do I sleep better?"), ("roleplay", "You are a pirate.\n\nWhere is the gold?"),
+        ("roleplay", "Greet me as a knight.")]
+    assert chat_prompts([], None, None, None) == []
+
+
+def test_a_short_prompt_within_a_benchmark_turn_is_left_out(tmp_path):
+    # Spec-Bench asks Natural Questions' questions alone and after retrieved passages: too short for
+    # a 12-word run, so a short prompt is matched word for word inside each turn.
+    turns = ["Who played anna in once upon a time?", "Forests cover a third of the land.\nWhy are forests cut?"]
+    exclude = write_jsonl(tmp_path / "q.jsonl", [{"turns": [t]} for t in turns])
+    rows = [("nq", "Who played Anna in Once Upon a Time?"), ("nq", "Why are forests cut?"),
+            ("nq", "Who played anna?"),  # a part of a turn is left out too: the match errs on the safe side
+            ("nq", "Who played elsa in once upon a time?"), ("nq", "Why are forests cut down?")]
+    assert [r["text"] for r in kept_prompts(rows, exclude)] == ["Who played elsa in once upon a time?",
+                                                                 "Why are forests cut down?"]
 
 
 def test_the_sources_asked_for_first_are_answered_first():

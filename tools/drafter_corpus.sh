@@ -62,10 +62,27 @@ if [ ! -f prompts.jsonl.xz ]; then
         --t0 src/self-instruct/data/finetuning/t0_train_50k/data_per_template \
         --gsm8k src/grade-school-math/grade_school_math/data/train.jsonl --self-instruct src/self-instruct
     "$PY" -m logitlab.training.corpus prompts --extend base.jsonl.xz --german "$HANDBOOK" \
-        --exclude "$EXCLUDE" --out prompts.jsonl.xz
+        --exclude "$EXCLUDE" --out german.jsonl.xz
+    # Conversational prompts and open questions, like Spec-Bench's conversation and QA tasks.
+    fetch google-research-datasets/natural-questions fb26a3073b1fe636c97302890a27b491d6530130 nq \
+        nq_open/NQ-open.dev.jsonl nq_open/NQ-open.efficientqa.dev.1.1.jsonl \
+        nq_open/NQ-open.efficientqa.test.1.1.no-annotations.jsonl
+    fetch lm-sys/arena-hard-auto efc012e192b88024a5203f5a28ec8fc0342946df arena-hard-auto \
+        data/arena-hard-v0.1/question.jsonl
+    fetch lm-sys/FastChat 0e6d3e4beaab66f4d3f93db72541a4abab8af28d FastChat \
+        fastchat/llm_judge/data/vicuna_bench/question.jsonl
+    fetch teknium1/GPTeacher 481075123c29854bddb82655badeef6a438f2436 GPTeacher \
+        Roleplay/roleplay-simple-deduped-roleplay-instruct.json
+    "$PY" -m logitlab.training.corpus prompts --extend german.jsonl.xz --exclude "$EXCLUDE" --out prompts.jsonl.xz \
+        --nq src/nq/nq_open/NQ-open.dev.jsonl src/nq/nq_open/NQ-open.efficientqa.dev.1.1.jsonl \
+        src/nq/nq_open/NQ-open.efficientqa.test.1.1.no-annotations.jsonl \
+        --arena src/arena-hard-auto/data/arena-hard-v0.1/question.jsonl \
+        --vicuna src/FastChat/fastchat/llm_judge/data/vicuna_bench/question.jsonl \
+        --roleplay src/GPTeacher/Roleplay/roleplay-simple-deduped-roleplay-instruct.json
 fi
 
-last=$(ls run*.npz 2>/dev/null | sed 's/run\([0-9]*\)\.npz/\1/' | sort -n | tail -1)
+# (|| true: a new DIR has no runs yet, and ls's failure must not stop the script under pipefail)
+last=$(ls run*.npz 2>/dev/null | sed 's/run\([0-9]*\)\.npz/\1/' | sort -n | tail -1 || true)
 next=$(( ${last:-0} + 1 ))
 made=()  # the answers already made, in the order every rows file lists them
 for f in "$REPO"/corpus/*.npz; do [ -f "$f" ] && made+=("$f"); done

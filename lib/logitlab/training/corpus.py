@@ -64,6 +64,17 @@ SOURCES = {
     "german": ("the paragraphs of the German edition of The Debian Administrator's Handbook (Debian package "
                "debian-handbook, /usr/share/doc/debian-handbook/html/de-DE), each as a translation prompt",
                "GPL-2.0+ or CC-BY-SA-3.0"),
+    # The prompts most like Spec-Bench's conversation and question answering (stop 73: a corpus
+    # without them taught the drafters maths, not conversation).
+    "nq": ("Natural Questions' open-domain questions (github.com/google-research-datasets/natural-questions, "
+           "nq_open: the development set and EfficientQA's development and test sets), as questions",
+           "CC-BY-SA-3.0"),
+    "arena": ("Arena-Hard's user prompts from Chatbot Arena (github.com/lm-sys/arena-hard-auto, "
+              "data/arena-hard-v0.1/question.jsonl)", "Apache-2.0"),
+    "vicuna": ("the Vicuna benchmark's questions (github.com/lm-sys/FastChat, "
+               "fastchat/llm_judge/data/vicuna_bench/question.jsonl)", "Apache-2.0"),
+    "roleplay": ("GPTeacher's role-play instructions (github.com/teknium1/GPTeacher, "
+                 "Roleplay/roleplay-simple-deduped-roleplay-instruct.json), with their inputs", "MIT"),
 }
 # Spec-Bench's translation task asks in this form (WMT14 German-English); the sentences differ.
 TRANSLATE = "Translate German to English: {}"
@@ -113,6 +124,32 @@ def german_prompts(folder: Path, shortest: int = 150, longest: int = 900) -> lis
     return texts
 
 
+def question(text: str) -> str:
+    """An open-domain question as a person types it (Natural Questions' are lower case, without
+    the question mark): 'who played anna' -> 'Who played anna?'."""
+    text = text.strip()
+    return text[:1].upper() + text[1:] + ("" if text.endswith("?") else "?") if text else ""
+
+
+def chat_prompts(nq: list[Path], arena: Path | None, vicuna: Path | None,
+                 roleplay: Path | None) -> list[tuple[str, str]]:
+    """``(source, text)`` for each conversational prompt of the files given (see ``SOURCES``):
+    the first turn of Arena-Hard's and the Vicuna benchmark's questions, each role-play
+    instruction with its input, and each Natural Questions question."""
+    rows = [("nq", question(r["question"])) for path in nq for r in read_jsonl(path)]
+    for source, path in (("arena", arena), ("vicuna", vicuna)):
+        rows += [(source, r["turns"][0]["content"] if isinstance(r["turns"][0], dict) else r["turns"][0])
+                 for r in (read_jsonl(path) if path else [])]
+    for task in json.loads(roleplay.read_text(encoding="utf-8")) if roleplay else []:
+        extra = task.get("input", "").strip()
+        rows.append(("roleplay", task["instruction"].strip() + ("\n\n" + extra if extra else "")))
+    return [(source, text.strip()) for source, text in rows]
+
+
+def words(text: str) -> str:
+    return " ".join(re.findall(r"\w+", text.lower()))
+
+
 def shingles(text: str, n: int = 12) -> set[str]:
     words = re.findall(r"\w+", text.lower())
     return {" ".join(words[i: i + n]) for i in range(max(len(words) - n + 1, 0))}
@@ -132,27 +169,34 @@ def build_prompts(t0: Path, gsm8k: Path, self_instruct: Path, exclude: Path | No
     return kept
 
 
-def extended_prompts(old: list[dict], german: Path, exclude: Path | None, seed: int = 0) -> list[dict]:
-    """``old`` (a prompts file's rows) followed by the new sources' prompts, shuffled among
-    themselves, without the old ones or any that shares 12 words with ``exclude``: every old
-    prompt keeps its index, so token files made from ``old`` still name the right prompts."""
-    new = kept_prompts([("german", t) for t in german_prompts(german)], exclude, {r["text"] for r in old})
+def extended_prompts(old: list[dict], rows: list[tuple[str, str]], exclude: Path | None, seed: int = 0) -> list[dict]:
+    """``old`` (a prompts file's rows) followed by the new ``(source, text)`` prompts, shuffled
+    among themselves, without the old ones or any that shares 12 words with ``exclude`` (or, if
+    shorter, lies within one of its turns): every old prompt keeps its index, so token files made
+    from ``old`` still name the right prompts."""
+    new = kept_prompts(rows, exclude, {r["text"] for r in old})
     random.Random(seed).shuffle(new)
     return old + new
 
 
 def kept_prompts(rows: list[tuple[str, str]], exclude: Path | None, seen: set[str] | None = None) -> list[dict]:
     """The rows as ``{"source", "text"}``, without empty texts, duplicates (of each other or of
-    ``seen``) and any text that shares 12 consecutive words with a turn of ``exclude``."""
-    banned = set()
+    ``seen``) and any text that shares 12 consecutive words with a turn of ``exclude``; a text of
+    fewer words (a short question) is left out if it lies within a turn, word for word."""
+    banned, turns = set(), []
     for q in read_jsonl(exclude) if exclude else []:
         for turn in q["turns"]:
             banned |= shingles(turn)
+            turns.append(f" {words(turn)} ")
     seen, kept = set(seen or ()), []
     for source, text in rows:
-        if text and text not in seen and not (shingles(text) & banned):
-            seen.add(text)
-            kept.append({"source": source, "text": text})
+        if not text or text in seen:
+            continue
+        grams = shingles(text)
+        if grams & banned or (not grams and any(f" {words(text)} " in turn for turn in turns)):
+            continue
+        seen.add(text)
+        kept.append({"source": source, "text": text})
     return kept
 
 
@@ -340,6 +384,10 @@ def main(argv=None):
     p.add_argument("--extend", type=Path, help="a prompts file made earlier: kept as it is, the sources below "
                    "appended (instead of --t0, --gsm8k and --self-instruct)")
     p.add_argument("--german", type=Path, help="with --extend: the handbook's de-DE HTML folder")
+    p.add_argument("--nq", type=Path, nargs="+", default=[], help="with --extend: Natural Questions' nq_open files")
+    p.add_argument("--arena", type=Path, help="with --extend: Arena-Hard's question.jsonl")
+    p.add_argument("--vicuna", type=Path, help="with --extend: the Vicuna benchmark's question.jsonl")
+    p.add_argument("--roleplay", type=Path, help="with --extend: GPTeacher's role-play .json file")
     p.add_argument("--exclude", type=Path, help="Spec-Bench's question.jsonl: none of its prompts is kept")
     p.add_argument("--per-template", type=int, default=60)
     p.add_argument("--out", type=Path, required=True, help="a .jsonl or .jsonl.xz file")
@@ -376,9 +424,11 @@ def main(argv=None):
 def gather(args, parser) -> None:
     """``prompts``: write the prompts file."""
     if args.extend:
-        if not args.german:
-            parser.error("--extend needs a source to add (--german)")
-        rows = extended_prompts(read_jsonl(args.extend), args.german, args.exclude)
+        if not (args.german or args.nq or args.arena or args.vicuna or args.roleplay):
+            parser.error("--extend needs a source to add (--german, --nq, --arena, --vicuna or --roleplay)")
+        new = [("german", t) for t in german_prompts(args.german)] if args.german else []
+        new += chat_prompts(args.nq, args.arena, args.vicuna, args.roleplay)
+        rows = extended_prompts(read_jsonl(args.extend), new, args.exclude)
     elif not (args.t0 and args.gsm8k and args.self_instruct):
         parser.error("prompts needs --t0, --gsm8k and --self-instruct (or --extend)")
     else:
