@@ -30,7 +30,8 @@
 # /work/corpus/prompts.jsonl.xz, into .device/c) travelling in the last call:
 #           run(carry=[".device/c", ".device/whl"], command="bash tools/gpu_bench.sh drafters", timeout_s=580)
 # `drafters` answers more of the corpus's prompts for GEN_SECONDS (default 150; the open chat prompts
-# first, FIRST=book,self-instruct: the style of the bench's own held-out prompts; their token ids come
+# first, FIRST=book,self-instruct,vicuna,arena,roleplay,nq: the style of the bench's held-out prompts
+# and of Spec-Bench's conversation and questions; their token ids come
 # back as $OUT/answers.npz, to move into corpus/ as the next answers-NN.npz), then trains the EAGLE
 # drafter on the whole corpus for TRAIN_SECONDS (default 240; $OUT/eagle.safetensors and its log,
 # $OUT/eagle.json), with INIT=path to continue a saved one (a drafter copied into .device/a with its
@@ -112,7 +113,7 @@ run | chapters | drafters)
         "$py" -m logitlab.training.corpus generate --prompts "$prompts" --seconds "${GEN_SECONDS:-150}" \
             --batch "${GEN_BATCH:-4096}" --batch-tokens "${GEN_BATCH_TOKENS:-1572864}" --dtype bfloat16 \
             --device "${DEVICE:-cuda}" --resume "${resume[@]}" \
-            --first "${FIRST:-book,self-instruct}" \
+            --first "${FIRST:-book,self-instruct,vicuna,arena,roleplay,nq}" \
             --out /tmp/rows.pt --tokens "$OUT/answers.npz" 2>&1 | tee -a "$OUT/logs.txt" | tail -5 \
             || echo "the corpus's generation FAILED: read logs.txt; training on the answers already made"
         more=()
