@@ -128,7 +128,9 @@ def question(text: str) -> str:
     """An open-domain question as a person types it (Natural Questions' are lower case, without
     the question mark): 'who played anna' -> 'Who played anna?'."""
     text = text.strip()
-    return text[:1].upper() + text[1:] + ("" if text.endswith("?") else "?") if text else ""
+    if not text:
+        return ""
+    return text[:1].upper() + text[1:] + ("" if text.endswith("?") else "?")
 
 
 def chat_prompts(nq: list[Path], arena: Path | None, vicuna: Path | None,
@@ -147,12 +149,13 @@ def chat_prompts(nq: list[Path], arena: Path | None, vicuna: Path | None,
 
 
 def words(text: str) -> str:
+    """The text's words, lower case, one space apart: what the benchmark filter compares."""
     return " ".join(re.findall(r"\w+", text.lower()))
 
 
 def shingles(text: str, n: int = 12) -> set[str]:
-    words = re.findall(r"\w+", text.lower())
-    return {" ".join(words[i: i + n]) for i in range(max(len(words) - n + 1, 0))}
+    seq = words(text).split()
+    return {" ".join(seq[i: i + n]) for i in range(max(len(seq) - n + 1, 0))}
 
 
 def build_prompts(t0: Path, gsm8k: Path, self_instruct: Path, exclude: Path | None, per_template: int = 60,
