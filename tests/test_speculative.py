@@ -19,7 +19,7 @@ from logitlab.speculative.prompt_lookup import PromptLookupDrafter
 from logitlab.sampling.pipeline import SamplingConfig, process_logits
 from logitlab.speculative.acceptance import GreedyMatching, greedy_verify, verify
 from logitlab.speculative.loop import speculative_generate
-from logitlab.speculative.theory import acceptance_rate, expected_tokens, speedup
+from logitlab.speculative.theory import acceptance_rate, expected_tokens, greedy_chain_calls, speedup
 
 P_MIN = 1e-4
 
@@ -128,6 +128,17 @@ def test_theory():
     for bad in [dict(call_overhead=-0.1), dict(step_overhead=float("nan")), dict(call_overhead=True)]:
         with pytest.raises(ValueError, match="overhead"):
             speedup(0.5, 2, 0.1, **bad)
+
+
+def test_greedy_chain_calls_keep_the_leading_hits_of_each_call():
+    # Tokens 1-3 hit (a full call of 3), 5 misses, 6 hits then 7 misses, 8 misses, and the last
+    # call has only tokens 9 and 10 left to draft: both hit.
+    hits = [None, 1, 1, 1, 1, 0, 1, 0, 0, 1, 1]
+    assert greedy_chain_calls(hits, 3) == [3, 0, 1, 0, 2]
+    assert greedy_chain_calls(hits, 1) == [1, 1, 0, 1, 0, 1]
+    assert greedy_chain_calls([True], 4) == []  # the prefill's token only
+    with pytest.raises(ValueError, match="gamma"):
+        greedy_chain_calls(hits, 0)
 
 
 def test_loop_overhead_is_what_the_passes_and_the_drafter_leave():
@@ -419,6 +430,28 @@ def test_after_each_rollback_the_target_computes_what_a_fresh_forward_would(smol
                 torch.testing.assert_close(logits[row, j], fresh[pos], atol=2e-3, rtol=1e-4)
                 checked += 1
     assert checked > 30
+
+
+@pytest.mark.parametrize("which", ["shipped draft", "early exit"])
+def test_greedy_calls_keep_what_the_draft_run_over_the_text_in_one_pass_would(smollm, early_exit, which):
+    # Every draft of a greedy run keeps the output exact, so a draft model whose own cache went
+    # wrong after a rollback (a rejected token left in, the last accepted draft never fed) only
+    # loses acceptance, silently. At T = 0 each call's count is fixed by the final text
+    # (greedy_chain_calls): the draft run over each row's text in one pass must predict them all.
+    model, tokenizer = smollm
+    draft = ll.speculative.draft_model.load_pretrained(model) if which == "shipped draft" else early_exit
+    out = speculative_generate(model, DraftModelDrafter(draft), PROMPTS, tokenizer=tokenizer, gamma=3,
+                               max_new_tokens=40, temperature=0, eos_token_id=[])
+    expected = []
+    for row, sequence in enumerate(out.sequences):
+        new = out.new_tokens[row]
+        with torch.inference_mode():
+            guesses = draft(sequence[None]).logits[0, len(sequence) - len(new) - 1: -1].argmax(-1)
+        expected.append(greedy_chain_calls((guesses == new).tolist(), 3))
+    assert 0 < sum(map(sum, expected)) < 3 * sum(map(len, expected))  # drafts kept, and drafts rejected
+    assert len(out.accepted) == max(map(len, expected))
+    for k, counts in enumerate(out.accepted):  # a row leaves the batch after its last call
+        assert counts == [calls[k] for calls in expected if len(calls) > k], k
 
 
 def test_run_statistics_count_the_passes_and_time_them():

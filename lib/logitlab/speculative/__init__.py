@@ -1,6 +1,7 @@
 """Speculative decoding (chapters 6-10): a drafter proposes, the target verifies in one pass.
 
-* ``theory``: what drafting can gain (``acceptance_rate``, ``expected_tokens``, ``speedup``);
+* ``theory``: what drafting can gain (``acceptance_rate``, ``expected_tokens``, ``speedup``,
+  ``greedy_chain_calls``);
 * ``acceptance``: which drafts the target keeps (``verify``, ``RejectionSampling``, ``GreedyMatching``),
   and ``tree_verify`` for a tree of drafts; ``typical``: Medusa's typical acceptance (chapter 7);
 * ``loop``: ``speculative_generate``, the one loop every drafter runs in; ``result``: what it returns;
@@ -33,10 +34,12 @@ from . import (
 from .acceptance import AcceptanceRule, GreedyMatching, RejectionSampling, greedy_verify, verify
 from .loop import speculative_generate
 from .result import SpeculativeResult
-from .theory import acceptance_rate, examined_drafts, expected_tokens, loop_overhead, pooled_alpha, speedup
+from .theory import (acceptance_rate, examined_drafts, expected_tokens, greedy_chain_calls, loop_overhead, pooled_alpha,
+                     speedup)
 
 __all__ = ["AcceptanceRule", "GreedyMatching", "RejectionSampling", "SpeculativeResult", "acceptance_rate", "copy_or_recycle",
-           "draft_model", "drafter", "eagle", "examined_drafts", "expected_tokens", "greedy_verify", "loop_overhead",
-           "medusa", "medusa_heads", "pass_embeddings", "pooled_alpha", "prompt_lookup", "result",
+           "draft_model", "drafter", "eagle", "examined_drafts", "expected_tokens", "greedy_chain_calls",
+           "greedy_verify", "loop_overhead", "medusa", "medusa_heads", "pass_embeddings", "pooled_alpha",
+           "prompt_lookup", "result",
            "speculative_generate", "speedup", "subset_head", "suffix_automaton", "theory", "token_recycling",
            "tree_verify", "typical", "verify"]

@@ -35,6 +35,31 @@ def expected_tokens(alpha: float, gamma: int) -> float:
     return (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
+def greedy_chain_calls(hits, gamma: int) -> list[int]:
+    """The drafts each call of a greedy chain keeps, read off a text it will produce.
+
+    At T = 0 the text is the target's greedy text whatever the drafter does, and each call drafts
+    after a prefix of it, so every verdict is fixed in advance: ``hits[t]`` says whether the
+    drafter, run over that text in one pass, guesses its token ``t`` from the tokens before it.
+    The first token comes from the prefill, so ``hits[0]`` is never read; a call that starts at
+    token ``t`` drafts ``min(gamma, len(hits) - t)`` tokens and keeps its leading hits, and the
+    next call starts after them and the target's own token. So a run's per-call counts
+    (``SpeculativeResult.accepted``) can be checked, or forecast, from one pass over its text,
+    without the independence that ``expected_tokens`` assumes: misses that come in runs make
+    fewer calls start on an easy token.
+    """
+    gamma = check_int(gamma, "gamma", 1)
+    hits = [bool(h) for h in hits]
+    calls, t = [], 1
+    while t < len(hits):
+        kept = 0
+        while kept < min(gamma, len(hits) - t) and hits[t + kept]:
+            kept += 1
+        calls.append(kept)
+        t += kept + 1
+    return calls
+
+
 def speedup(alpha: float, gamma: int, c: float, verify_cost: float = 1.0, call_overhead: float = 0.0,
             step_overhead: float = 0.0) -> float:
     """Predicted speedup over plain decoding: tokens per call divided by the cost of a call.
