@@ -440,18 +440,32 @@ def test_greedy_calls_keep_what_the_draft_run_over_the_text_in_one_pass_would(sm
     # (greedy_chain_calls): the draft run over each row's text in one pass must predict them all.
     model, tokenizer = smollm
     draft = ll.speculative.draft_model.load_pretrained(model) if which == "shipped draft" else early_exit
+    new_tokens = 40
     out = speculative_generate(model, DraftModelDrafter(draft), PROMPTS, tokenizer=tokenizer, gamma=3,
-                               max_new_tokens=40, temperature=0, eos_token_id=[])
-    expected = []
+                               max_new_tokens=new_tokens, temperature=0, eos_token_id=[])
+    loop, made = [[] for _ in PROMPTS], [1] * len(PROMPTS)  # each row's counts; its tokens so far
+    for counts in out.accepted:  # a row leaves the batch once it has all its tokens
+        active = [r for r in range(len(PROMPTS)) if made[r] < new_tokens]
+        assert len(counts) == len(active)
+        for r, kept in zip(active, counts):
+            loop[r].append(kept)
+            made[r] += kept + 1
     for row, sequence in enumerate(out.sequences):
         new = out.new_tokens[row]
         with torch.inference_mode():
-            guesses = draft(sequence[None]).logits[0, len(sequence) - len(new) - 1: -1].argmax(-1)
-        expected.append(greedy_chain_calls((guesses == new).tolist(), 3))
-    assert 0 < sum(map(sum, expected)) < 3 * sum(map(len, expected))  # drafts kept, and drafts rejected
-    assert len(out.accepted) == max(map(len, expected))
-    for k, counts in enumerate(out.accepted):  # a row leaves the batch after its last call
-        assert counts == [calls[k] for calls in expected if len(calls) > k], k
+            top = draft(sequence[None]).logits[0, len(sequence) - len(new) - 1: -1].topk(2)
+        hits = (top.indices[:, 0] == new).tolist()
+        # A near-tie may fall either way between the loop's passes and this one (float rounding).
+        ties = [t for t in range(1, len(new)) if top.values[t, 0] - top.values[t, 1] < 1e-3]
+        assert len(ties) <= 3
+        readings = []
+        for flips in itertools.product([False, True], repeat=len(ties)):
+            read = list(hits)
+            for t, flip in zip(ties, flips):
+                read[t] ^= flip
+            readings.append(greedy_chain_calls(read, 3))
+        assert loop[row] in readings, row
+    assert 0 < sum(map(sum, loop)) < 3 * sum(map(len, loop))  # drafts kept, and drafts rejected
 
 
 def test_run_statistics_count_the_passes_and_time_them():
