@@ -528,6 +528,19 @@ def test_the_gpu_bench_runs_its_sections_on_a_small_setting():
     assert gpu.machine(torch.device("cpu"), static)["ll.load"] == "static cache"
 
 
+def test_first_guess_stats_count_the_tokens_a_call_can_draft_and_the_misses_after_misses():
+    from logitlab.bench.acceptance import first_guess_stats
+
+    # Each run's first token is the prefill's: never drafted, so never counted.
+    runs = [[False, True, False, False, True], [True, False, False]]
+    # Drafted tokens: T F F T, F F -> 2 of 6 guessed. Misses followed by a token: run 1 tokens 2, 3
+    # (followed by F, T), run 2 token 1 (followed by F) -> 2 of 3 misses followed by a miss.
+    assert first_guess_stats(runs) == (pytest.approx(2 / 6), pytest.approx(2 / 3))
+    assert first_guess_stats([[False, True, True]]) == (1.0, 0.0)  # no miss to follow
+    with pytest.raises(ValueError, match="hits must hold at least one run with two or more tokens"):
+        first_guess_stats([[True]])
+
+
 @pytest.mark.slow
 def test_acceptance_counts_the_trained_drafters_on_the_questions_the_bench_does_not_time(smollm):
     import logitlab as ll
@@ -552,6 +565,17 @@ def test_acceptance_counts_the_trained_drafters_on_the_questions_the_bench_does_
     assert len(lines) == 5 * 3 and lines[0] == "draft model (gamma=3)"
     assert re.fullmatch(r"  all tasks +[\d.]+ tokens per target pass, (accepted by position [\d.]+(/[\d.]+)*|no "
                         r"drafts proposed)", lines[2]), lines[2]
+    draft = shipped_drafters(model)["draft"]
+    results = found["draft model (gamma=3)"]["translation"][2]
+    hits = acceptance.first_guesses(draft, results)
+    sequence = results[0].sequences[0]
+    with torch.inference_mode():  # the same guesses, one prefix at a time
+        one_by_one = [draft(sequence[None, :len(sequence) - 8 + t]).logits[0, -1].argmax().item()
+                      for t in range(8)]
+    assert hits == [[a == b for a, b in zip(one_by_one, results[0].new_tokens[0].tolist())]]
+    guess_lines = acceptance.first_guess_report(draft, found["draft model (gamma=3)"]).splitlines()
+    assert len(guess_lines) == 4 and guess_lines[-1] == "  1 of 1 runs made exactly the calls their hits give"
+    assert guess_lines[2].startswith("  all tasks   first guess ") and guess_lines[1][2:].startswith("translation")
     with pytest.raises(ValueError, match="per_task must be an int between 1 and 7, got 8"):
         acceptance.dev_prompts(tokenizer, per_task=8)
     with pytest.raises(ValueError, match="only must be a regular expression"):

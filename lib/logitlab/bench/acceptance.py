@@ -13,6 +13,10 @@ run settles a comparison (at T = 0 the drafts and verdicts are deterministic).
 
 compares a newly trained EAGLE drafter (any of ``--draft``, ``--medusa``, ``--eagle``,
 ``--lookahead`` replaces the shipped weights) on the development questions.
+
+At T = 0 it also runs the draft model once over each of its runs' final text (``first_guesses``):
+its per-token first guess, the alpha that ``expected_tokens`` wants at T = 0, beside the per-call
+first draft kept, which understates it because misses come in runs.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch
 
 from .. import spec_bench
 from ..devices import generator as seeded_generator
+from ..speculative.theory import expected_tokens, greedy_chain_calls
 from .drafting import by_position, pass_calls
 from .prompts import chat
 from .spec_bench import PASS, drafting_runs
@@ -31,6 +36,7 @@ from .spec_bench import PASS, drafting_runs
 # The timed bench uses each task's first two questions and calibrates on the third.
 FIRST_DEV = 3
 TRAINED = "draft model|Medusa|PaSS|EAGLE"
+DRAFT = "draft model (gamma=3)"
 
 
 def dev_prompts(tokenizer, tasks=None, per_task: int | None = None) -> dict:
@@ -85,6 +91,52 @@ def report(found: dict) -> str:
     return "\n".join(lines)
 
 
+@torch.inference_mode()
+def first_guesses(draft, results) -> list[list[bool]]:
+    """For each greedy run in ``results``: whether ``draft``, run once over the run's final text,
+    guesses each new token from the tokens before it (the hits of ``greedy_chain_calls``)."""
+    hits = []
+    for r in results:
+        sequence, new = r.sequences[0], r.new_tokens[0]
+        logits = draft(sequence[None]).logits[0, len(sequence) - len(new) - 1: -1]
+        hits.append((logits.argmax(-1) == new).tolist())
+    return hits
+
+
+def first_guess_report(draft, tasks: dict, gamma: int = 3) -> str:
+    """Per task (``acceptance``'s entry for the draft model, greedy runs): the per-token first
+    guess over the tokens a call can draft (all but the prefill's), how often a miss follows a
+    miss, ``expected_tokens`` at that first guess, and how many runs made exactly the calls their
+    hits give (a near-tie that falls the other way in the loop's passes can cost one)."""
+    lines = [f"{DRAFT}, run once over each greedy run's text"]
+    width = max(len(task) for task in [*tasks, "all tasks"])
+    every, matched = [], 0
+    for task, (*_, results) in tasks.items():
+        hits = first_guesses(draft, results)
+        matched += sum(greedy_chain_calls(h, gamma) == [row[0] for row in r.accepted] for h, r in zip(hits, results))
+        every += hits
+        lines.append(f"  {task:<{width}} " + _guess_line(hits, gamma))
+    lines.append(f"  {'all tasks':<{width}} " + _guess_line(every, gamma))
+    lines.append(f"  {matched} of {len(every)} runs made exactly the calls their hits give")
+    return "\n".join(lines)
+
+
+def first_guess_stats(hits: list[list[bool]]) -> tuple[float, float]:
+    """Over runs' hits (``first_guesses``), leaving out each run's first token (the prefill's):
+    the share of tokens guessed, and the share of misses that follow a miss."""
+    drafted = [h for run in hits for h in run[1:]]
+    if not drafted:
+        raise ValueError("hits must hold at least one run with two or more tokens")
+    after_miss = [b for run in hits for a, b in zip(run[1:], run[2:]) if not a]
+    return sum(drafted) / len(drafted), sum(not b for b in after_miss) / max(len(after_miss), 1)
+
+
+def _guess_line(hits: list[list[bool]], gamma: int) -> str:
+    guess, after_miss = first_guess_stats(hits)
+    return (f"first guess {guess:.3f} per token, a miss after a miss {after_miss:.3f} (any miss "
+            f"{1 - guess:.3f}), expected_tokens at the first guess {expected_tokens(guess, gamma):.2f}")
+
+
 def main(argv=None) -> None:
     import logitlab as ll
     from ..speculative import draft_model, eagle, medusa_heads, pass_embeddings
@@ -104,7 +156,10 @@ def main(argv=None) -> None:
                 "medusa": medusa_heads.load_pretrained(model, args.medusa),
                 "eagle": eagle.load_pretrained(model, args.eagle),
                 "lookahead": pass_embeddings.load_pretrained(model, args.lookahead, k=2)}
-    print(report(acceptance(model, prompts, drafters, args.new_tokens, args.temperature, args.only)))
+    found = acceptance(model, prompts, drafters, args.new_tokens, args.temperature, args.only)
+    print(report(found))
+    if args.temperature == 0 and DRAFT in found:
+        print(first_guess_report(drafters["draft"], found[DRAFT]))
 
 
 if __name__ == "__main__":
