@@ -568,11 +568,13 @@ def test_acceptance_counts_the_trained_drafters_on_the_questions_the_bench_does_
     draft = shipped_drafters(model)["draft"]
     results = found["draft model (gamma=3)"]["translation"][2]
     hits = acceptance.first_guesses(draft, results)
-    sequence = results[0].sequences[0]
-    with torch.inference_mode():  # the same guesses, one prefix at a time
-        one_by_one = [draft(sequence[None, :len(sequence) - 8 + t]).logits[0, -1].argmax().item()
-                      for t in range(8)]
-    assert hits == [[a == b for a, b in zip(one_by_one, results[0].new_tokens[0].tolist())]]
+    sequence, new = results[0].sequences[0], results[0].new_tokens[0].tolist()
+    with torch.inference_mode():  # the draft's guess of new token t, from the prefix before it alone
+        one_by_one = torch.stack([draft(sequence[None, :len(sequence) - 8 + t]).logits[0, -1] for t in range(8)])
+    top = one_by_one.topk(2)
+    clear = (top.values[:, 0] - top.values[:, 1] > 1e-3).tolist()  # a near-tie may round either way
+    assert len(hits) == 1 and len(hits[0]) == 8 and sum(clear) >= 6
+    assert all(h == (i == n) for h, i, n, c in zip(hits[0], top.indices[:, 0].tolist(), new, clear) if c)
     guess_lines = acceptance.first_guess_report(draft, found["draft model (gamma=3)"]).splitlines()
     assert len(guess_lines) == 4 and guess_lines[-1] == "  1 of 1 runs made exactly the calls their hits give"
     assert guess_lines[2].startswith("  all tasks   first guess ") and guess_lines[1][2:].startswith("translation")
