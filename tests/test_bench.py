@@ -553,7 +553,8 @@ def test_acceptance_counts_the_trained_drafters_on_the_questions_the_bench_does_
     prompts = acceptance.dev_prompts(tokenizer, tasks=["translation"], per_task=1)
     fourth = spec_bench.questions("translation")[3]  # the bench times the first two and calibrates on the third
     assert torch.equal(prompts["translation"][0], chat(tokenizer, fourth.turns[0]))
-    found = acceptance.acceptance(model, prompts, shipped_drafters(model), new_tokens=8)
+    drafters = shipped_drafters(model)
+    found = acceptance.acceptance(model, prompts, drafters, new_tokens=8)
     assert list(found) == ["draft model (gamma=3)", "Medusa heads, tree (3, 2, 1)", "PaSS two-call, k=2",
                            "EAGLE chain (gamma=3)", "EAGLE tree (top_k=3, 10 nodes, depth 4)"]
     greedy = ll.generate(model, prompts["translation"][0], max_new_tokens=8, temperature=0, eos_token_id=[])
@@ -565,7 +566,7 @@ def test_acceptance_counts_the_trained_drafters_on_the_questions_the_bench_does_
     assert len(lines) == 5 * 3 and lines[0] == "draft model (gamma=3)"
     assert re.fullmatch(r"  all tasks +[\d.]+ tokens per target pass, (accepted by position [\d.]+(/[\d.]+)*|no "
                         r"drafts proposed)", lines[2]), lines[2]
-    draft = shipped_drafters(model)["draft"]
+    draft = drafters["draft"]
     results = found["draft model (gamma=3)"]["translation"][2]
     hits = acceptance.first_guesses(draft, results)
     sequence, new = results[0].sequences[0], results[0].new_tokens[0].tolist()
@@ -577,10 +578,11 @@ def test_acceptance_counts_the_trained_drafters_on_the_questions_the_bench_does_
     assert all(h == (i == n) for h, i, n, c in zip(hits[0], top.indices[:, 0].tolist(), new, clear) if c)
     guess_lines = acceptance.first_guess_report(draft, found["draft model (gamma=3)"]).splitlines()
     assert len(guess_lines) == 4 and guess_lines[-1] == "  1 of 1 runs made exactly the calls their hits give"
-    assert guess_lines[2].startswith("  all tasks   first guess ") and guess_lines[1][2:].startswith("translation")
+    assert guess_lines[2].startswith(f"  all tasks   first guess {acceptance.first_guess_stats(hits)[0]:.3f} per token")
+    assert guess_lines[1][2:].startswith("translation")
     with pytest.raises(ValueError, match="per_task must be an int between 1 and 7, got 8"):
         acceptance.dev_prompts(tokenizer, per_task=8)
     with pytest.raises(ValueError, match="only must be a regular expression"):
         acceptance.acceptance(model, prompts, {}, only="(")
     with pytest.raises(ValueError, match="matches none of the drafters"):
-        acceptance.acceptance(model, prompts, shipped_drafters(model), only="no such drafter")
+        acceptance.acceptance(model, prompts, drafters, only="no such drafter")
