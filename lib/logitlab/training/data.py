@@ -10,6 +10,8 @@ float16, topi [n, k] int32)``: positions ``new_from - 1 .. L - 2`` predict the n
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import os
 import random
@@ -301,6 +303,29 @@ def data_summary(data, held) -> dict:
     """The size of a training's data, for its log: rows and answer tokens, trained on and held out."""
     return {"rows": len(data), "held_out_rows": len(held), "new_tokens": sum(len(r[0]) - r[1] for r in data),
             "held_out_new_tokens": sum(len(r[0]) - r[1] for r in held)}
+
+
+def return_freed_memory(threshold: int = 65536) -> bool:
+    """Fix glibc's ``M_MMAP_THRESHOLD`` at ``threshold`` bytes: a block that large for which the
+    heap has no room is then always mapped on its own, and given back to the system when freed.
+    True where that was set, False where the C library is not glibc (macOS, Windows), which
+    leaves everything as it was.
+
+    Why: by default glibc raises the threshold (up to 32 MB) each time such a mapped block is
+    freed, after which blocks of that size grow the heap instead; and a trainer allocates
+    tensors of a new size at every step (rows batched by length), so the heap fragments and
+    never shrinks. EAGLE's trainer on 1,500 corpus rows grew from 1.4 to 11.8 GB in 80 steps on
+    the book's CPU, and ran out of 24 GB on 12,000 rows. (The same as starting Python with
+    ``MALLOC_MMAP_THRESHOLD_=65536``.)"""
+    if not isinstance(threshold, int) or threshold <= 0:
+        raise ValueError(f"threshold must be a positive number of bytes, got {threshold!r}")
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        libc.gnu_get_libc_version  # only glibc has it (and its mallopt takes these numbers)
+    except (OSError, AttributeError):
+        return False
+    m_mmap_threshold = -3  # from glibc's malloc.h
+    return libc.mallopt(m_mmap_threshold, threshold) == 1
 
 
 def write_log(out: str | Path, log: dict) -> None:

@@ -62,6 +62,7 @@ from .data import (
     padded,
     prompt_ids,
     recording_copy,
+    return_freed_memory,
     split_held_out,
     steps_within,
     varied_prompts,
@@ -327,6 +328,7 @@ def main(argv=None):
 
     args = arguments(argv)
     torch.manual_seed(0)
+    return_freed_memory()  # or the heap fragments over a long run (see its docstring)
 
     start = time.perf_counter()
     # The stock forward: the fast paths are for decoding. On CUDA the static path would record a CUDA
