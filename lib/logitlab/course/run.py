@@ -1,15 +1,20 @@
-"""A course run from the book: one setting, the repository URL in ``_config.yml`` (a fork's, for
-a course of one's own), and one command that makes everything else follow the sources::
+"""A course run from the book: two settings, the repository URL and its release in
+``_config.yml`` (``repository.url``, a fork's for a course of one's own, and
+``repository.branch``, the tag, branch or commit the course uses), and one command that makes
+everything else follow the sources::
 
     python -m logitlab.course
 
-(``make student`` runs it first). It writes the URL into the setup cell of every chapter (the
-line ``REPO = "..."``, from which Colab installs the library), writes the student notebooks
-(``student/chapters/``) from the chapters, and writes the teacher's guide
-(``book/teachers_guide.md``) from ``logitlab/data/exercises.yml``: each chapter's objectives and
-prerequisites, each exercise's time, difficulty and points, and a rubric for every written answer. The Colab buttons of both editions of the website read
-the URL from ``_config.yml`` when the site is built. No other file names the repository, and a
-test checks that.
+(``make student`` runs it first). It writes both into the setup cell of every chapter (the lines
+``REPO = "..."`` and ``RELEASE = "..."``, from which Colab installs the library as
+``logitlab @ git+{REPO}@{RELEASE}``: the release the course was tested with, not whatever the
+repository's default branch holds later), writes the student notebooks (``student/chapters/``)
+from the chapters, and writes the teacher's guide (``book/teachers_guide.md``) from
+``logitlab/data/exercises.yml``: each chapter's objectives and prerequisites, each exercise's
+time, difficulty and points, and a rubric for every written answer. The Colab buttons of both
+editions of the website read the URL and the same ``repository.branch`` from ``_config.yml`` when
+the site is built, so a notebook opened from a button installs the library of the release it was
+opened at. No other file names the repository, and a test checks that.
 
 ``python -m logitlab.course --publish FOLDER --site HTML`` (``make publish``) then writes the
 *publishable tree*: what a repository that students can see needs, with no solution in it (see
@@ -35,6 +40,12 @@ from .assignments import BEGIN, END, make_student_versions
 
 ROOT = Path(__file__).resolve().parents[3]
 REPO_LINE = re.compile(r'^REPO = "[^"]*"', re.M)
+RELEASE_LINE = re.compile(r'^RELEASE = "[^"]*"', re.M)
+INSTALL = 'f"logitlab @ git+{REPO}@{RELEASE}"'  # the setup cell's pip requirement, pinned to the release
+# A plausible git ref (tag, branch or commit) that fits in a pip URL: letters, digits, ".", "_",
+# "-" and "/" between names; no "..", "//", "/." or "@" (git refuses those, or pip would misread
+# them), no leading "-", "." or "/", no trailing "/", "." or ".lock".
+REF = re.compile(r"(?!.*(\.\.|//|/\.|\.lock$|[./]$))[A-Za-z0-9_][A-Za-z0-9._/-]{0,99}")
 
 
 def repository(root: Path = ROOT) -> str:
@@ -42,18 +53,45 @@ def repository(root: Path = ROOT) -> str:
     return yaml.safe_load((root / "_config.yml").read_text())["repository"]["url"]
 
 
-def point_chapters_at(url: str, chapters: Path) -> list[Path]:
-    """Write ``url`` into the ``REPO = "..."`` line of every chapter in ``chapters``; return the
-    chapters that changed. A chapter without that line in its first code cell is an error."""
+def release(root: Path = ROOT) -> str:
+    """The course's release: ``repository.branch`` in ``_config.yml``, the ref (tag, branch or
+    commit) at which the Colab buttons open the notebooks and from which their setup cells install
+    the library. Required: Jupyter Book's own default ("master") is rarely a repository's branch."""
+    ref = (yaml.safe_load((root / "_config.yml").read_text())["repository"] or {}).get("branch")
+    if ref is None:
+        raise ValueError("_config.yml sets no repository.branch: set it to the release the course uses (a tag, "
+                         "branch or commit)")
+    if not isinstance(ref, str):  # YAML reads 1.0 as a number, and 0123 as an octal one
+        raise ValueError(f"repository.branch in _config.yml must be a string: quote it (\"{ref}\")")
+    return check_release(ref)
+
+
+def check_release(ref: str) -> str:
+    """``ref`` if it is a plausible git ref for a pip URL (``git+URL@REF``), else ``ValueError``."""
+    if not isinstance(ref, str) or not REF.fullmatch(ref):
+        raise ValueError(f"the release (repository.branch) must be a git tag, branch or commit such as v1.2, main or "
+                         f"course-2027 (letters, digits, '.', '_', '-', '/'), got {ref!r}")
+    return ref
+
+
+def point_chapters_at(url: str, chapters: Path, ref: str) -> list[Path]:
+    """Write ``url`` and ``ref`` into the ``REPO = "..."`` and ``RELEASE = "..."`` lines of every
+    chapter in ``chapters``; return the chapters that changed. A chapter whose first code cell lacks
+    either line, or installs the library otherwise than from ``git+{REPO}@{RELEASE}``, is an error."""
     if not re.fullmatch(r"https://[\w.-]+/[\w.-]+/[\w.-]+", url):
         raise ValueError(f"the repository URL must look like https://github.com/OWNER/NAME, got {url!r}")
+    check_release(ref)
     changed = []
     for path in sorted(chapters.glob("*.ipynb")):
         nb = nbformat.read(path, as_version=4)
         setup = next(c for c in nb.cells if c.cell_type == "code")
-        if not REPO_LINE.search(setup.source):
-            raise ValueError(f"{path}: its first code cell has no line 'REPO = \"...\"'")
+        for line, text in ((REPO_LINE, 'REPO = "..."'), (RELEASE_LINE, 'RELEASE = "..."')):
+            if not line.search(setup.source):
+                raise ValueError(f"{path}: its first code cell has no line '{text}'")
+        if INSTALL not in setup.source or setup.source.count("git+") != 1:
+            raise ValueError(f"{path}: its first code cell must install the library as {INSTALL}, and only so")
         source = REPO_LINE.sub(f'REPO = "{url}"', setup.source, count=1)
+        source = RELEASE_LINE.sub(f'RELEASE = "{ref}"', source, count=1)
         if source != setup.source:
             setup.source = source
             nbformat.write(nb, path)
@@ -118,7 +156,7 @@ installs the library from this repository), write your code where a cell says
 
 - `student/chapters/`: the notebooks; `docs/`: the book's website for students (GitHub Pages can
   serve it from this folder);
-- `lib/logitlab/`: the library the chapters use (`pip install "logitlab @ git+{url}"`). Its checks
+- `lib/logitlab/`: the library the chapters use (`pip install "logitlab @ git+{url}@{ref}"`). Its checks
   (`ll.checks`) compare your answers with the library's own implementations, and refuse an answer
   that calls the library function the exercise asks you to write.
 """
@@ -145,11 +183,11 @@ def publish(out: Path, *, site: Path | None = None, root: Path = ROOT) -> Path:
     shutil.copytree(root / "lib" / "logitlab", out / "lib" / "logitlab", ignore=SKIPPED)
     for name in ("pyproject.toml", "requirements.txt"):
         shutil.copy(root / name, out / name)
-    url, branch = config["repository"]["url"], config["repository"].get("branch", "main")
+    url, ref = config["repository"]["url"], release(root)
     colab = url.replace("https://github.com/", "https://colab.research.google.com/github/")
-    links = "\n".join(f"- [{path.stem}]({colab}/blob/{branch}/student/chapters/{path.name})"
+    links = "\n".join(f"- [{path.stem}]({colab}/blob/{ref}/student/chapters/{path.name})"
                       for path in sorted((out / "student" / "chapters").glob("*.ipynb")))
-    (out / "README.md").write_text(PUBLIC_README.format(title=config["title"], links=links, url=url))
+    (out / "README.md").write_text(PUBLIC_README.format(title=config["title"], links=links, url=url, ref=ref))
     if site is not None:
         shutil.copytree(site, out / "docs")
         (out / "docs" / ".nojekyll").touch()  # GitHub Pages: serve _static/ and _sources/ as they are
@@ -216,8 +254,12 @@ def main(argv=None) -> None:
     parser.add_argument("--site", type=Path, metavar="HTML", help="with --publish: the student site's built HTML")
     args = parser.parse_args(argv)
     url = repository()
-    for path in point_chapters_at(url, ROOT / "chapters"):
-        print(f"{path.relative_to(ROOT)}: now installs from {url}")
+    try:
+        ref = release()
+    except ValueError as error:
+        parser.error(str(error))
+    for path in point_chapters_at(url, ROOT / "chapters", ref):
+        print(f"{path.relative_to(ROOT)}: now installs from {url} at {ref}")
     make_student_versions([ROOT / "chapters"], ROOT / "student" / "chapters", verbose=True)
     GUIDE_PAGE.write_text(teachers_guide(exercises()))
     print(f"{GUIDE_PAGE.relative_to(ROOT)}: written from {GUIDE_DATA.name}")

@@ -13,7 +13,8 @@ The site is assembled in ``OUT`` from the repository's ``book/``, ``_toc.yml`` a
 * every chapter is its student version (``logitlab.course.assignments``) with the outputs of every cell
   the conversion left unchanged, so the figures and tables stay and the exercises' outputs go;
 * each chapter's Colab button opens the committed student notebook (``student/chapters/``) of the
-  repository that ``_config.yml`` names, not the chapter with its answers;
+  repository that ``_config.yml`` names, not the chapter with its answers, at the course's release
+  (``repository.branch``), the same ref its setup cell installs the library from;
 * the teaching page is replaced by a short note, so links to it still resolve, and the teacher's
   guide (its rubrics are answers) is left out.
 """
@@ -30,7 +31,7 @@ import nbformat
 import yaml
 
 from .assignments import make_student_notebook
-from .run import ROOT
+from .run import ROOT, release
 
 TEACHER_PAGE = "book/teaching"  # replaced by a note in the student edition
 ANSWER_PAGES = ["book/teachers_guide"]  # left out of the student edition (its rubrics are answers)
@@ -64,6 +65,7 @@ def assemble(executed: Path, out: Path, *, student: bool = False, execute: bool 
             raise ValueError("the student edition is built from executed chapters (its exercises cannot run)")
         config["title"] = f"{config['title']} (student edition)"
         config["repository"]["path_to_book"] = "student"  # the Colab button opens student/chapters/
+        config["repository"]["branch"] = release()  # at the release its setup cell installs (checked: a git ref)
         (out / f"{TEACHER_PAGE}.md").write_text(STUDENT_NOTE)
         toc = (out / "_toc.yml").read_text()
         for page in ANSWER_PAGES:
