@@ -6,11 +6,11 @@ import torch
 
 from ...probs import softmax
 from ...sampling.draw import add_gumbel_noise, gumbel_max, sample
-from .common import CheckFailed, asks_for, call, call_unchanged, show
+from .common import CheckFailed, asks_for, call, call_unchanged, case_generator, draw_int, show
 
 
 def _softmax_cases():
-    gen = torch.Generator(device="cpu").manual_seed(0)
+    gen = case_generator(0)  # the random rows: the same in a notebook, unseen while grading
     yield "a small row", torch.tensor([[1.0, 2.0, 3.0]]), 1.0, ""
     yield "a batch of random rows", torch.randn(4, 10, generator=gen), 1.0, "Work along the last dimension."
     yield "temperature 0.5", torch.tensor([[0.0, 1.0, 2.0]]), 0.5, "Divide the logits by T before the softmax."
@@ -73,15 +73,18 @@ def check_gumbel_max(fn, samples: int = 40_000) -> None:
     """Check ``fn(logits, generator)`` samples like ``softmax(logits)`` (chapter 1).
 
     Deterministic checks first (shape, dtype, same seed gives same tokens, impossible tokens
-    never drawn), then a chi-square test of the frequencies against the exact probabilities, and
-    last that the logits it is given are left as they were.
-    The test rejects a correct sampler with probability 1e-4 (its false-positive rate); the seed
-    is fixed, so a correct function passes every time.
+    never drawn), then a chi-square test of the frequencies against the exact probabilities,
+    that the logits it is given are left as they were, and last the method case
+    (:func:`_check_method`): the tokens of the exercise's method, for the same seed.
+    The chi-square test rejects a correct sampler with probability 1e-4 (its false-positive
+    rate); its seed is fixed, also while grading, so a correct function passes every time.
     """
     from scipy.stats import chisquare
 
     logits = torch.tensor([1.5, 1.0, 0.0, -0.5, float("-inf"), -2.0])
     batch = torch.stack([logits, logits.flip(0)])
+    # The seeds of cases 1 to 5 are fixed, also while grading: on a hidden seed the chi-square test
+    # would fail a correct sampler with its false-positive rate.
     label = "Case 1 of 5 (shape and dtype)"
     got = call(fn, label, batch.clone(), torch.Generator(device="cpu").manual_seed(0))
     if not isinstance(got, torch.Tensor) or got.shape != (2,) or got.dtype != torch.long:
@@ -122,4 +125,44 @@ def check_gumbel_max(fn, samples: int = 40_000) -> None:
     if not torch.equal(given, batch):
         raise CheckFailed(f"{label}: your function changed the logits it was given, from {show(batch)} to "
                           f"{show(given)}. Add the noise to a copy: logits + gumbel, not logits += gumbel.")
-    print("check_gumbel_max: all 5 cases passed.")
+    _check_method(fn)
+    print("check_gumbel_max: all 5 cases passed, and the method case.")
+
+
+def _check_method(fn, rows: int = 4000) -> None:
+    """The exercise names its method: one uniform per logit, ``torch.rand(logits.shape,
+    generator=generator)``, drawn first, then the argmax of the logits plus -log(-log(u)). So
+    with a generator in the same state, ``fn`` gives the reference's tokens on (almost) every row
+    (a rare row differs when two perturbed logits tie to rounding), and two seeds give different
+    tokens. A sampler that is right in distribution only (torch.multinomial) or that ignores the
+    generator fails here; the logits and the seeds come from the case generator."""
+    label = "The method case (the reference's tokens for the same seed)"
+    cases = case_generator(4)
+    vocab = draw_int(cases, 2, 40)
+    logits = 2 * torch.randn(rows, vocab, generator=cases)
+    removed = torch.rand(rows, vocab, generator=cases) < 0.2  # some tokens at -inf ...
+    removed[torch.arange(rows), logits.argmax(dim=-1)] = False  # ... but never a whole row
+    logits = logits.masked_fill(removed, float("-inf"))
+    seeds = [draw_int(cases, 0, 2**62) for _ in range(2)]
+    got = []
+    for seed in seeds:
+        tokens = call(fn, label, logits.clone(), torch.Generator(device="cpu").manual_seed(seed))
+        if not isinstance(tokens, torch.Tensor) or tokens.shape != (rows,):
+            shown = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+            raise CheckFailed(f"{label}: for logits of shape [{rows}, {vocab}] return {rows} token ids, got {shown}.")
+        got.append(tokens.cpu().long())
+    where = f"With logits of shape [{rows}, {vocab}]"
+    if torch.equal(got[0], got[1]):
+        raise CheckFailed(
+            f"{label}: {where}, generators seeded {seeds[0]} and {seeds[1]} gave the same {rows} tokens; "
+            "different seeds must give different tokens. Draw the noise from the generator you are given.")
+    expected = add_gumbel_noise(logits, torch.Generator(device="cpu").manual_seed(seeds[0])).argmax(dim=-1)
+    differ = (got[0] != expected).nonzero().squeeze(-1)
+    if len(differ) > rows // 1000:  # 99.9% of the rows must agree
+        row = int(differ[0])
+        raise CheckFailed(
+            f"{label}: {where} and a generator seeded {seeds[0]}, your tokens differ from the reference "
+            f"method's on {len(differ)} of {rows} rows (row {row}: expected token {int(expected[row])}, got "
+            f"{int(got[0][row])}). Draw the noise as the exercise says: one uniform per logit, "
+            "u = torch.rand(logits.shape, generator=generator, device=logits.device), before anything else "
+            "draws from the generator; then return the argmax of logits - log(-log(u)).")

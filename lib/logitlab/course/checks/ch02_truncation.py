@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...sampling.truncation import top_k, top_p
-from .common import CheckFailed, asks_for, call_unchanged, show
+from .common import CheckFailed, asks_for, call_unchanged, case_generator, show
 
 
 def _check_truncation(fn, reference, cases, name: str, new_tensor: bool = False) -> None:
@@ -47,7 +47,7 @@ def _kept(mask: torch.Tensor) -> str:
 def check_top_k(fn) -> None:
     """Check ``fn(logits, k)`` against :func:`logitlab.sampling.truncation.top_k` (chapter 2)."""
 
-    gen = torch.Generator(device="cpu").manual_seed(0)
+    gen = case_generator(0)  # the random rows: the same in a notebook, unseen while grading
     inf = float("-inf")
     cases = [
         ("a small row", torch.tensor([[1.0, 3.0, 2.0, 0.0]]), 2, "Keep the k largest logits, set the rest to -inf."),
@@ -73,8 +73,7 @@ def check_top_p(fn) -> None:
     """Check ``fn(logits, p)`` against :func:`logitlab.sampling.truncation.top_p` (chapter 2)."""
     import math
 
-
-    gen = torch.Generator(device="cpu").manual_seed(0)
+    gen = case_generator(0)  # the random rows: the same in a notebook, unseen while grading
     log = math.log
     # probabilities 1/2, 1/4, 3/16, 1/16: sums of these are exact in floating point
     dyadic = torch.tensor([[log(0.5), log(0.25), log(0.1875), log(0.0625)]])

@@ -7,12 +7,12 @@ import torch
 
 from ...decoding.generate import find_stop
 from ...sampling.penalties import frequency_penalty
-from .common import CheckFailed, asks_for, call, call_unchanged, show
+from .common import CheckFailed, asks_for, call, call_unchanged, case_generator, draw_int, show
 
 
 def _frequency_cases():
     """(name, logits, prev_tokens, penalty, hint) for check_frequency_penalty."""
-    gen = torch.Generator(device="cpu").manual_seed(0)
+    gen = case_generator(0)  # the random batch: the same in a notebook, unseen while grading
     inf = float("-inf")
     row = torch.tensor([[1.0, 2.0, -1.0, 0.5]])
     count_hint = "Subtract penalty * count, where count is how often the token occurs in prev_tokens."
@@ -119,19 +119,46 @@ def _stop_cases():
     return cases
 
 
+def _random_stop_cases(count: int = 12):
+    """(pieces, stops) drawn from the case generator: short pieces and stops over four characters;
+    in two cases of three one stop is cut from the text itself (often across pieces), so that
+    both answers, a position and -1, come up."""
+    gen = case_generator(3)
+    alphabet = "ab.\n"
+
+    def text(low, high):
+        return "".join(alphabet[draw_int(gen, 0, len(alphabet))] for _ in range(draw_int(gen, low, high)))
+
+    for _ in range(count):
+        pieces = [text(0, 4) for _ in range(draw_int(gen, 1, 8))]
+        stops = [text(1, 4) for _ in range(draw_int(gen, 1, 3))]
+        joined = "".join(pieces)
+        if joined and draw_int(gen, 0, 3) > 0:
+            start = draw_int(gen, 0, len(joined))
+            stops.insert(draw_int(gen, 0, len(stops) + 1), joined[start:start + draw_int(gen, 1, 5)])
+        yield pieces, stops
+
+
 @asks_for(find_stop)
 def check_stop_position(fn) -> None:
     """Check ``fn(pieces, stops)`` against :func:`logitlab.decoding.generate.find_stop` applied to
-    ``"".join(pieces)`` (chapter 3)."""
+    ``"".join(pieces)`` (chapter 3): the hand cases, then random ones."""
 
     cases = _stop_cases()
     for number, (name, pieces, stops, hint) in enumerate(cases, start=1):
-        label = f"Case {number} of {len(cases)} ({name})"
-        got = call(fn, label, list(pieces), list(stops))
-        expected = find_stop("".join(pieces), stops)
-        where = f"With pieces {pieces!r} and stops {stops!r}"
-        if isinstance(got, bool) or not isinstance(got, int):
-            raise CheckFailed(f"{label}: {where}, your function returned {got!r}, not an int. {hint}")
-        if got != expected:
-            raise CheckFailed(f"{label}: {where}, your function returned {got}, the right answer is {expected}. {hint}")
-    print(f"check_stop_position: all {len(cases)} cases passed.")
+        _compare_stop(fn, f"Case {number} of {len(cases)} ({name})", pieces, stops, hint)
+    random = list(_random_stop_cases())
+    for number, (pieces, stops) in enumerate(random, start=1):
+        _compare_stop(fn, f"Random case {number} of {len(random)}", pieces, stops,
+                      "Search the joined text for every stop: the earliest start wins, -1 if none occurs.")
+    print(f"check_stop_position: all {len(cases)} cases passed, and {len(random)} random ones.")
+
+
+def _compare_stop(fn, label: str, pieces: list, stops: list, hint: str) -> None:
+    got = call(fn, label, list(pieces), list(stops))
+    expected = find_stop("".join(pieces), stops)
+    where = f"With pieces {pieces!r} and stops {stops!r}"
+    if isinstance(got, bool) or not isinstance(got, int):
+        raise CheckFailed(f"{label}: {where}, your function returned {got!r}, not an int. {hint}")
+    if got != expected:
+        raise CheckFailed(f"{label}: {where}, your function returned {got}, the right answer is {expected}. {hint}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...search.beam import beam_search
-from .common import CheckFailed, asks_for, call, show
+from .common import CheckFailed, asks_for, call, case_generator, draw_int, show
 
 
 def _beam_step_reference(logprobs, beam_scores, num_beams):
@@ -16,7 +16,7 @@ def _beam_step_reference(logprobs, beam_scores, num_beams):
 
 
 def _beam_step_cases():
-    gen = torch.Generator(device="cpu").manual_seed(4)
+    gen = case_generator(4)  # the random log-probabilities: the same in a notebook, unseen while grading
     logp = lambda *shape: torch.log_softmax(2 * torch.randn(*shape, generator=gen), dim=-1)  # noqa: E731
     yield "the first step: one beam, two to keep", logp(1, 6), torch.zeros(1), 2, ""
     yield "three beams, three to keep", logp(3, 8), torch.tensor([-0.5, -1.2, -2.0]), 3, (
@@ -70,11 +70,40 @@ def check_backtrack(fn) -> None:
             cases.append((f"{beams} beams after {steps} steps, beam {beam}", parents, tokens, beam,
                           history[-1].beams[0, beam].tolist()))
     for number, (name, parents, tokens, beam, expected) in enumerate(cases, start=1):
-        label = f"Case {number} of {len(cases)} ({name})"
-        got = call(fn, label, [p.clone() for p in parents], [t.clone() for t in tokens], beam)
-        got = got.tolist() if isinstance(got, torch.Tensor) else got
-        if got != expected:
-            raise CheckFailed(
-                f"{label}: expected the tokens {expected}, got {got}. Start from the last step and follow "
-                f"parents backwards: the token of step t belongs to the beam that parents[t + 1] points to.")
-    print(f"check_backtrack: all {len(cases)} cases passed.")
+        _compare_backtrack(fn, f"Case {number} of {len(cases)} ({name})", parents, tokens, beam, expected)
+    random = list(_random_backtrack_cases())
+    for number, (parents, tokens, beam) in enumerate(random, start=1):
+        where = f"parents {[p.tolist() for p in parents]}, tokens {[t.tolist() for t in tokens]}, beam {beam}"
+        _compare_backtrack(fn, f"Random case {number} of {len(random)} ({where})", parents, tokens, beam,
+                           _backtrack_reference(parents, tokens, beam))
+    print(f"check_backtrack: all {len(cases)} cases passed, and {len(random)} random ones.")
+
+
+def _random_backtrack_cases(count: int = 8):
+    """(parents, tokens, beam) drawn from the case generator, shaped as ``beam_search`` records them:
+    at the first step every beam extends the prompt (parent 0), later a beam's parent is any beam."""
+    gen = case_generator(5)
+    for _ in range(count):
+        beams, steps, vocab = draw_int(gen, 1, 5), draw_int(gen, 1, 9), draw_int(gen, 2, 50)
+        parents = [torch.zeros(beams, dtype=torch.long)]
+        parents += [torch.randint(0, beams, (beams,), generator=gen) for _ in range(steps - 1)]
+        tokens = [torch.randint(0, vocab, (beams,), generator=gen) for _ in range(steps)]
+        yield parents, tokens, draw_int(gen, 0, beams)
+
+
+def _backtrack_reference(parents, tokens, beam: int) -> list[int]:
+    """The tokens of ``beam`` at the last step, first step first: follow the parents backwards."""
+    out = []
+    for t in range(len(tokens) - 1, -1, -1):
+        out.append(int(tokens[t][beam]))
+        beam = int(parents[t][beam])
+    return out[::-1]
+
+
+def _compare_backtrack(fn, label: str, parents, tokens, beam: int, expected: list[int]) -> None:
+    got = call(fn, label, [p.clone() for p in parents], [t.clone() for t in tokens], beam)
+    got = got.tolist() if isinstance(got, torch.Tensor) else got
+    if got != expected:
+        raise CheckFailed(
+            f"{label}: expected the tokens {expected}, got {got}. Start from the last step and follow "
+            f"parents backwards: the token of step t belongs to the beam that parents[t + 1] points to.")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...speculative.typical import match_probability, typical_accept
-from .common import CheckFailed, asks_for, call
+from .common import CheckFailed, asks_for, call, case_generator, draw_int, show
 
 
 @asks_for(match_probability)
@@ -19,20 +19,38 @@ def check_match_probability(fn) -> None:
              ("a three-dimensional batch, one row per group", torch.tensor([[[0.9, 0.1]], [[0.5, 0.5]]]),
               [[0.82], [0.5]])]
     for name, p, expected in cases:
-        label = f"Case {name}"
-        got = call(fn, label, p.clone())
-        if isinstance(got, torch.Tensor):
-            got = got.cpu()  # a student's answer may be on another device
+        _compare_match(fn, f"Case {name}", p, torch.tensor(expected, dtype=torch.float64))
+    random = list(_random_distributions())
+    for number, p in enumerate(random, start=1):
+        _compare_match(fn, f"Random case {number} of {len(random)} (p of shape {tuple(p.shape)})", p,
+                       match_probability(p).double())
+    print(f"check_match_probability: all {len(cases)} cases passed, and {len(random)} random ones.")
+
+
+def _random_distributions(count: int = 8):
+    """Distributions ``[..., V]`` drawn from the case generator: one to three dimensions of random
+    sizes, flat or peaked rows."""
+    gen = case_generator(7)
+    for _ in range(count):
+        shape = [draw_int(gen, 1, 4) for _ in range(draw_int(gen, 0, 3))] + [draw_int(gen, 2, 20)]
+        yield torch.softmax(draw_int(gen, 1, 5) * torch.randn(shape, generator=gen), dim=-1)
+
+
+def _compare_match(fn, label: str, p: torch.Tensor, want: torch.Tensor) -> None:
+    got = call(fn, label, p.clone())
+    if isinstance(got, torch.Tensor):
+        got = got.cpu()  # a student's answer may be on another device
+    try:
         got = torch.as_tensor(got, dtype=torch.float64)
-        want = torch.tensor(expected, dtype=torch.float64, device=got.device)
-        if got.shape != want.shape:
-            raise CheckFailed(f"{label}: expected shape {tuple(want.shape)} (one number per row of p), "
-                              f"got {tuple(got.shape)}. p has shape [..., V]: sum over dim=-1 only and keep "
-                              "every other dimension (squeeze() without a dim also drops the ones of size 1).")
-        if not torch.allclose(got, want, atol=1e-6):
-            raise CheckFailed(f"{label}: expected {want.tolist()}, got {got.tolist()}. Both draws give token x "
-                              "with probability p(x) * p(x); add over x.")
-    print(f"check_match_probability: all {len(cases)} cases passed.")
+    except (TypeError, ValueError, RuntimeError):
+        raise CheckFailed(f"{label}: return a tensor (one number per row of p), got {type(got).__name__}.") from None
+    if got.shape != want.shape:
+        raise CheckFailed(f"{label}: expected shape {tuple(want.shape)} (one number per row of p), "
+                          f"got {tuple(got.shape)}. p has shape [..., V]: sum over dim=-1 only and keep "
+                          "every other dimension (squeeze() without a dim also drops the ones of size 1).")
+    if not torch.allclose(got, want, atol=1e-6):
+        raise CheckFailed(f"{label}: with p {show(p)}, expected {show(want)}, got {show(got)}. Both draws give "
+                          "token x with probability p(x) * p(x); add over x.")
 
 
 @asks_for(typical_accept)
@@ -58,7 +76,7 @@ def check_typical_accept(fn) -> None:
               "The test is strict: a draft passes when p(d) > min(epsilon, delta * exp(-H)), so p(d) = 0.25 "
               "against a bar of epsilon = 0.25 fails (use >, not >=)."),
              ]
-    gen = torch.Generator(device="cpu").manual_seed(0)
+    gen = case_generator(0)  # the random cases: the same in a notebook, unseen while grading
     for i in range(12):  # random cases of every length
         g, vocab = 1 + i % 4, 3 + i % 5
         p = torch.softmax(3 * torch.randn(g, vocab, generator=gen), dim=-1)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import itertools
 
+import torch
+
 from ...speculative.suffix_automaton import SuffixAutomaton
 from ...speculative.token_recycling import best_size, template_chances, tree_template
-from .common import CheckFailed, asks_for, call_unchanged
+from .common import CheckFailed, asks_for, call_unchanged, case_generator, draw_float, draw_int
 
 # Sequences over small alphabets, each with a mistake it catches: repeats of one token (the
 # state that must be cloned), the worst case for the number of states (a b b b ...), tokens that
@@ -72,8 +74,8 @@ def _fewest_states(tokens: list[int]) -> int:
     return len(set(ends.values()))
 
 
-def _check_one(fn, tokens: list[int], hint: str) -> None:
-    label = f"Case {tokens}"
+def _check_one(fn, tokens: list[int], hint: str, label: str | None = None) -> None:
+    label = label or f"Case {tokens}"
     got = call_unchanged(fn, label, list(tokens), what="tokens")
     if not (isinstance(got, tuple) and len(got) == 3):
         raise CheckFailed(f"{label}: return (next, link, length), three lists; got {type(got).__name__}.")
@@ -119,7 +121,20 @@ def check_suffix_automaton(fn) -> None:
     right."""
     for tokens, hint in AUTOMATON_CASES:
         _check_one(fn, tokens, hint)
-    print(f"check_suffix_automaton: all {len(AUTOMATON_CASES)} cases passed.")
+    random = list(_random_sequences())
+    for number, tokens in enumerate(random, start=1):
+        _check_one(fn, tokens, "Follow the suffix links from the last state; split (clone) a state reached by "
+                   "a longer string than its length says.", f"Random case {number} of {len(random)}, {tokens}")
+    print(f"check_suffix_automaton: all {len(AUTOMATON_CASES)} cases passed, and {len(random)} random ones.")
+
+
+def _random_sequences(count: int = 8):
+    """Token lists drawn from the case generator: up to 10 tokens over one to four random token
+    ids, so that repeats (and clones) are common."""
+    gen = case_generator(12)
+    for _ in range(count):
+        ids = torch.randint(0, 50_000, (draw_int(gen, 1, 5),), generator=gen)
+        yield ids[torch.randint(0, len(ids), (draw_int(gen, 1, 11),), generator=gen)].tolist()
 
 
 def _reference_size(costs: dict, rank_probs, overhead: float) -> int:
@@ -158,12 +173,32 @@ def check_tree_size(fn) -> None:
          "Consider every size n with n + 1 in costs, whatever order the dict has; the smallest on a tie."),
         ("a single size", {1: 1.0, 3: 1.1}, paper, 0.0, "Only n = 2 has a cost: return it."),
     ]
-    for name, costs, rank_probs, overhead, hint in cases:
-        label = f"Case {name} (costs {costs}, rank_probs {rank_probs}, overhead {overhead})"
+    random = [(f"Random case {number} of 8", *machine, "Compare the expected tokens per unit of time, "
+               "(1 + the sum of the template's chances) / (costs[n + 1] + overhead), of every size.")
+              for number, machine in enumerate(_random_machines(8), start=1)]
+    for name, costs, rank_probs, overhead, hint in [(f"Case {name}", *rest) for name, *rest in cases] + random:
+        label = f"{name} (costs {costs}, rank_probs {rank_probs}, overhead {overhead})"
         got = call_unchanged(fn, label, dict(costs), tuple(rank_probs), overhead, what="costs")
         want = _reference_size(costs, rank_probs, overhead)
         if isinstance(got, bool) or not isinstance(got, int):
             raise CheckFailed(f"{label}: return an int, got {type(got).__name__}.")
         if got != want:
             raise CheckFailed(f"{label}: expected {want} nodes, got {got}. {hint}")
-    print(f"check_tree_size: all {len(cases)} cases passed.")
+    print(f"check_tree_size: all {len(cases)} cases passed, and {len(random)} random ones.")
+
+
+def _random_machines(count: int):
+    """(costs, rank_probs, overhead) drawn from the case generator: pass costs that grow with the
+    pass's size at a random rate (some sizes missing, in random order), falling rank chances that
+    sum to less than 1, and an overhead of 0 or up to half a step."""
+    gen = case_generator(13)
+    for _ in range(count):
+        sizes = [1] + [n for n in range(2, 34) if draw_int(gen, 0, 4) == 0]
+        sizes = sizes if len(sizes) > 1 else sizes + [draw_int(gen, 2, 34)]
+        rate = draw_float(gen, 0.0, 0.1, 3)
+        order = torch.randperm(len(sizes), generator=gen).tolist()
+        costs = {sizes[i]: round(1.0 + rate * (sizes[i] - 1) + draw_float(gen, 0.0, 0.05, 3), 3) for i in order}
+        chances = torch.rand(draw_int(gen, 1, 9), generator=gen, dtype=torch.float64).sort(descending=True).values
+        total = draw_float(gen, 0.3, 0.95, 2)
+        rank_probs = tuple(round(float(c), 3) for c in chances / chances.sum() * total)
+        yield costs, rank_probs, draw_float(gen, 0.0, 0.5, 2) if draw_int(gen, 0, 2) else 0.0

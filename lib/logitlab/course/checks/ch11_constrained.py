@@ -10,7 +10,7 @@ import torch
 
 from ...constrained.index import build_index, fewest_tokens
 from ...constrained.regex import determinize, utf8_ranges
-from .common import CheckFailed, as_list, asks_for, call, call_unchanged
+from .common import CheckFailed, as_list, asks_for, call, call_unchanged, case_generator, draw_int
 
 
 @asks_for(build_index)
@@ -33,30 +33,53 @@ def check_allowed_tokens(fn) -> None:
     ]
     for name, pattern, vocab, state in cases:
         dfa = compile_regex(pattern)
-        index = build_index(dfa, vocab)
         if state is None:  # the accepting state reached after the whole pattern
             state = int(dfa.accepting.nonzero()[0])
-        span = slice(int(index.offsets[state]), int(index.offsets[state + 1]))
-        want = dict(zip(index.tokens[span].tolist(), index.targets[span].tolist()))
-        table = dfa.table.tolist()
-        label = f"Case {name} (pattern {pattern!r}, vocab {vocab}, state {state})"
-        got = call_unchanged(fn, label, table, list(vocab), state, what="the table or the vocabulary")
-        if not isinstance(got, dict):
-            raise CheckFailed(f"{label}: return a dict {{token id: next state}}, got {type(got).__name__}.")
-        got = {int(k): int(v) for k, v in got.items()}
-        if set(got) != set(want):
-            extra, missing = sorted(set(got) - set(want)), sorted(set(want) - set(got))
-            hint = ("A token is allowed only if *every* one of its bytes has a move: stop at the first -1. "
-                    if extra else "A token may end anywhere inside the pattern, even inside a character. ")
-            if any(vocab[t] in (None, b"") for t in extra):
-                hint = "Special tokens (None) and empty tokens are never allowed: they add no text. "
-            raise CheckFailed(f"{label}: expected the tokens {sorted(want)}, got {sorted(got)} (extra {extra}, "
-                              f"missing {missing}). {hint}")
-        wrong = {t: (got[t], want[t]) for t in want if got[t] != want[t]}
-        if wrong:
-            raise CheckFailed(f"{label}: the tokens are right, but these lead elsewhere (yours, expected): {wrong}. "
-                              "The next state is the one after the token's last byte.")
-    print(f"check_allowed_tokens: all {len(cases)} cases passed.")
+        _compare_allowed(fn, f"Case {name} (pattern {pattern!r}, vocab {vocab}, state {state})", dfa, vocab, state)
+    random = list(_random_vocabularies([pattern for _, pattern, _, _ in cases], compile_regex))
+    for number, (pattern, dfa, vocab, state) in enumerate(random, start=1):
+        label = f"Random case {number} of {len(random)} (pattern {pattern!r}, vocab {vocab}, state {state})"
+        _compare_allowed(fn, label, dfa, vocab, state)
+    print(f"check_allowed_tokens: all {len(cases)} cases passed, and {len(random)} random ones.")
+
+
+def _random_vocabularies(patterns: list[str], compile_regex, count: int = 6):
+    """(pattern, automaton, vocab, state) drawn from the case generator: one of the hand cases'
+    patterns, a vocabulary of short tokens over the pattern's bytes and one byte it never uses
+    (and now and then a special token, None), and any state of the automaton."""
+    gen = case_generator(14)
+    for _ in range(count):
+        pattern = patterns[draw_int(gen, 0, len(patterns))]
+        dfa = compile_regex(pattern)
+        alphabet = sorted(set(pattern.encode()) - set(b"()+?*|")) + [ord("x")]
+        vocab = []
+        while not any(vocab):  # at least one token with bytes (build_index needs one)
+            vocab = [None if draw_int(gen, 0, 10) == 0 else
+                     bytes(alphabet[draw_int(gen, 0, len(alphabet))] for _ in range(draw_int(gen, 0, 4)))
+                     for _ in range(draw_int(gen, 4, 11))]
+        yield pattern, dfa, vocab, draw_int(gen, 0, dfa.num_states)
+
+
+def _compare_allowed(fn, label: str, dfa, vocab: list, state: int) -> None:
+    index = build_index(dfa, vocab)
+    span = slice(int(index.offsets[state]), int(index.offsets[state + 1]))
+    want = dict(zip(index.tokens[span].tolist(), index.targets[span].tolist()))
+    got = call_unchanged(fn, label, dfa.table.tolist(), list(vocab), state, what="the table or the vocabulary")
+    if not isinstance(got, dict):
+        raise CheckFailed(f"{label}: return a dict {{token id: next state}}, got {type(got).__name__}.")
+    got = {int(k): int(v) for k, v in got.items()}
+    if set(got) != set(want):
+        extra, missing = sorted(set(got) - set(want)), sorted(set(want) - set(got))
+        hint = ("A token is allowed only if *every* one of its bytes has a move: stop at the first -1. "
+                if extra else "A token may end anywhere inside the pattern, even inside a character. ")
+        if any(vocab[t] in (None, b"") for t in extra):
+            hint = "Special tokens (None) and empty tokens are never allowed: they add no text. "
+        raise CheckFailed(f"{label}: expected the tokens {sorted(want)}, got {sorted(got)} (extra {extra}, "
+                          f"missing {missing}). {hint}")
+    wrong = {t: (got[t], want[t]) for t in want if got[t] != want[t]}
+    if wrong:
+        raise CheckFailed(f"{label}: the tokens are right, but these lead elsewhere (yours, expected): {wrong}. "
+                          "The next state is the one after the token's last byte.")
 
 
 @asks_for(fewest_tokens)
@@ -77,23 +100,34 @@ def check_fewest_tokens(fn) -> None:
         ("two accepting states, each with its own way in", [[1], [], [3], []], [False, True, False, True]),
     ]
     for name, moves, accepting in cases:
-        sources = torch.tensor([s for s, targets in enumerate(moves) for _ in targets], dtype=torch.long)
-        targets = torch.tensor([t for targets in moves for t in targets], dtype=torch.long)
-        far = torch.iinfo(torch.long).max // 2
-        want = [None if d >= far else d for d in fewest_tokens(torch.tensor(accepting), sources, targets).tolist()]
-        label = f"Case {name} (moves={moves}, accepting={accepting})"
-        got = as_list(call_unchanged(fn, label, [list(m) for m in moves], list(accepting),
-                                     what="moves or accepting"))
-        if not isinstance(got, list) or len(got) != len(moves):
-            raise CheckFailed(f"{label}: return a list with one entry per state, got {got!r}.")
-        got = [None if g is None or g == float("inf") else int(g) for g in got]
-        if got != want:
-            first = next(s for s in range(len(want)) if got[s] != want[s])
-            raise CheckFailed(f"{label}: expected {want}, got {got}; state {first} differs. Work backwards from the "
-                              "accepting states (breadth first, starting from all of them at once): a state is one token "
-                              "further than the nearest state it moves to; a state from which no accepting state is "
-                              "reached gets None.")
-    print(f"check_fewest_tokens: all {len(cases)} cases passed.")
+        _compare_fewest(fn, f"Case {name} (moves={moves}, accepting={accepting})", moves, accepting)
+    gen = case_generator(15)  # random automata: the same in a notebook, unseen while grading
+    random = []
+    for _ in range(8):
+        n = draw_int(gen, 1, 9)
+        moves = [sorted({draw_int(gen, 0, n) for _ in range(draw_int(gen, 0, 4))}) for _ in range(n)]
+        random.append((moves, [draw_int(gen, 0, 4) == 0 for _ in range(n)]))
+    for number, (moves, accepting) in enumerate(random, start=1):
+        _compare_fewest(fn, f"Random case {number} of {len(random)} (moves={moves}, accepting={accepting})",
+                        moves, accepting)
+    print(f"check_fewest_tokens: all {len(cases)} cases passed, and {len(random)} random ones.")
+
+
+def _compare_fewest(fn, label: str, moves: list, accepting: list) -> None:
+    sources = torch.tensor([s for s, targets in enumerate(moves) for _ in targets], dtype=torch.long)
+    targets = torch.tensor([t for targets in moves for t in targets], dtype=torch.long)
+    far = torch.iinfo(torch.long).max // 2
+    want = [None if d >= far else d for d in fewest_tokens(torch.tensor(accepting), sources, targets).tolist()]
+    got = as_list(call_unchanged(fn, label, [list(m) for m in moves], list(accepting), what="moves or accepting"))
+    if not isinstance(got, list) or len(got) != len(moves):
+        raise CheckFailed(f"{label}: return a list with one entry per state, got {got!r}.")
+    got = [None if g is None or g == float("inf") else int(g) for g in got]
+    if got != want:
+        first = next(s for s in range(len(want)) if got[s] != want[s])
+        raise CheckFailed(f"{label}: expected {want}, got {got}; state {first} differs. Work backwards from the "
+                          "accepting states (breadth first, starting from all of them at once): a state is one token "
+                          "further than the nearest state it moves to; a state from which no accepting state is "
+                          "reached gets None.")
 
 
 @asks_for(utf8_ranges)
@@ -115,8 +149,9 @@ def check_utf8_ranges(fn) -> None:
         ("three bytes, not aligned", 0x20AC, 0x3001),
         ("across the three/four-byte boundary", 0xFFF0, 0x10010),
     ]
-    for name, lo, hi in cases:
-        label = f"Case {name} (lo=0x{lo:X}, hi=0x{hi:X})"
+    random = [(f"Random case {number} of 8", lo, hi) for number, (lo, hi) in enumerate(_random_code_ranges(8), 1)]
+    for name, lo, hi in [(f"Case {name}", lo, hi) for name, lo, hi in cases] + random:
+        label = f"{name} (lo=0x{lo:X}, hi=0x{hi:X})"
         got = call(fn, label, lo, hi)
         try:
             got = [[(int(a), int(b)) for a, b in sequence] for sequence in got]
@@ -146,7 +181,21 @@ def check_utf8_ranges(fn) -> None:
         if len(got) > least:
             raise CheckFailed(f"{label}: right bytes, but {len(got)} sequences where {least} suffice: a run of code "
                               "points whose lower-order bytes go through all of 80-bf is one sequence.")
-    print(f"check_utf8_ranges: all {len(cases)} cases passed.")
+    print(f"check_utf8_ranges: all {len(cases)} cases passed, and {len(random)} random ones.")
+
+
+def _random_code_ranges(count: int):
+    """(lo, hi) drawn from the case generator: up to 1,500 code points starting a little below a
+    boundary where the encodings change length (80, 800, 10000) or anywhere, never touching the
+    surrogates D800-DFFF (no UTF-8 encoding)."""
+    gen = case_generator(16)
+    while count:
+        boundary = [0x80, 0x800, 0x10000, draw_int(gen, 0, 0x110000)][draw_int(gen, 0, 4)]
+        lo = max(0, boundary - draw_int(gen, 0, 300))
+        hi = min(0x10FFFF, lo + draw_int(gen, 0, 1500))
+        if hi < 0xD800 or lo > 0xDFFF:  # else draw again
+            count -= 1
+            yield lo, hi
 
 
 def _matched_bytes(label: str, sequences, count: int) -> list[bytes]:
@@ -181,7 +230,8 @@ def check_subset_construction(fn) -> None:
         ("a loop of empty moves", 3, [[], [(0, 2)], [(2, 0)]], [[1], [0], [0]], 0, [2]),
         ("two accepting states", 2, [[(0, 1), (1, 2)], [(0, 1)], []], [[], [], []], 0, [1, 2]),
     ]
-    for name, symbols, moves, empty, start, accepting in cases:
+    random = [(f"Random case {number} of 8", *automaton) for number, automaton in enumerate(_random_nfas(8), 1)]
+    for name, symbols, moves, empty, start, accepting in [(f"Case {name}", *rest) for name, *rest in cases] + random:
         nfa = ByteNFA()
         for _ in range(len(moves) + 1):
             nfa.state()
@@ -190,8 +240,7 @@ def check_subset_construction(fn) -> None:
             nfa.moves[s] = [(a, a, t) for a, t in moves[s]]
             nfa.empty[s] = list(empty[s]) + ([end] if s in accepting else [])
         reference = determinize(nfa, start, end)
-        label = (f"Case {name} (symbols={symbols}, moves={moves}, empty={empty}, start={start}, "
-                 f"accepting={accepting})")
+        label = f"{name} (symbols={symbols}, moves={moves}, empty={empty}, start={start}, accepting={accepting})"
         got = call_unchanged(fn, label, symbols, [list(m) for m in moves], [list(e) for e in empty], start,
                              list(accepting), what="the automaton")
         try:
@@ -215,7 +264,20 @@ def check_subset_construction(fn) -> None:
             raise CheckFailed(f"{label}: the right strings are accepted, but with {len(table)} states where the subset "
                               f"construction gives {reference.num_states}: one state per reachable non-empty set of "
                               "states, each numbered once (a dict from frozenset to number), none merged or repeated.")
-    print(f"check_subset_construction: all {len(cases)} cases passed.")
+    print(f"check_subset_construction: all {len(cases)} cases passed, and {len(random)} random ones.")
+
+
+def _random_nfas(count: int):
+    """(symbols, moves, empty, start, accepting) drawn from the case generator: two to five states
+    over two or three symbols, each with up to two labelled moves and now and then an empty one."""
+    gen = case_generator(17)
+    for _ in range(count):
+        n, symbols = draw_int(gen, 2, 6), draw_int(gen, 2, 4)
+        moves = [[(draw_int(gen, 0, symbols), draw_int(gen, 0, n)) for _ in range(draw_int(gen, 0, 3))]
+                 for _ in range(n)]
+        empty = [[t for t in [draw_int(gen, 0, n)] if t != s and draw_int(gen, 0, 3) == 0] for s in range(n)]
+        accepting = sorted({draw_int(gen, 0, n) for _ in range(draw_int(gen, 1, 3))})
+        yield symbols, moves, empty, 0, accepting
 
 
 def _first_difference(table, final, reference, symbols: int, depth: int):

@@ -9,7 +9,7 @@ import torch
 
 from ...probs import tv_distance
 from ...speculative.theory import expected_tokens, speedup
-from .common import CheckFailed, asks_for, call_unchanged, show
+from .common import CheckFailed, asks_for, call_unchanged, case_generator, draw_float, draw_int, show
 
 
 def _reference_gamma(alpha: float, c: float, v: dict) -> int:
@@ -55,15 +55,32 @@ def check_best_gamma(fn) -> None:
             "which is not len(v) - 1 here."
         )),
     ]
-    for name, alpha, c, v, hint in cases:
-        label = f"Case {name} (alpha {alpha}, c {c}, v {v})"
+    random = [(f"Random case {number} of 8", *machine, "Compare the predicted speedups "
+               "expected_tokens(alpha, gamma) / (gamma * c + v[gamma + 1]) of every gamma from 1 to max(v) - 1.")
+              for number, machine in enumerate(_random_machines(8), start=1)]
+    for name, alpha, c, v, hint in [(f"Case {name}", *rest) for name, *rest in cases] + random:
+        label = f"{name} (alpha {alpha}, c {c}, v {v})"
         got = call_unchanged(fn, label, alpha, c, dict(v), what="v")
         want = _reference_gamma(alpha, c, v)
         if isinstance(got, bool) or not isinstance(got, int) and not (isinstance(got, torch.Tensor) and got.numel() == 1):
             raise CheckFailed(f"{label}: return an int, got {type(got).__name__}.")
         if int(got) != want:
             raise CheckFailed(f"{label}: expected gamma = {want}, got {int(got)}. {hint}")
-    print(f"check_best_gamma: all {len(cases)} cases passed.")
+    print(f"check_best_gamma: all {len(cases)} cases passed, and {len(random)} random ones.")
+
+
+def _random_machines(count: int):
+    """(alpha, c, v) drawn from the case generator: any acceptance rate, a drafter costing up to
+    half a step per draft, and pass costs v[n] that grow with n by random steps, for n from 1 (or
+    now and then 2) to 3..10."""
+    gen = case_generator(13)
+    for _ in range(count):
+        alpha, c = draw_float(gen, 0.0, 1.0, 3), draw_float(gen, 0.0, 0.5, 3)
+        v, cost = {}, 1.0
+        for n in range(draw_int(gen, 1, 3), draw_int(gen, 4, 11)):
+            v[n] = cost
+            cost = round(cost + draw_float(gen, 0.0, 0.3, 3), 3)
+        yield alpha, c, v
 
 
 @asks_for(tv_distance)
@@ -72,7 +89,7 @@ def check_truncation_distance(fn) -> None:
     per row, between the softmax of ``logits`` and the softmax of ``kept_logits``, the same logits
     with the removed tokens at -inf."""
 
-    gen = torch.Generator(device="cpu").manual_seed(11)
+    gen = case_generator(11)  # the random rows: the same in a notebook, unseen while grading
     wide = torch.randn(3, 50, generator=gen) * 2
     some_gone = wide.clone()
     some_gone[wide < 0] = -math.inf

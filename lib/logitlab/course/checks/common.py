@@ -60,6 +60,50 @@ def asks_for(*functions):
     return decorate
 
 
+# The grader's seed for the checks' random cases, while it runs them (see hidden_cases).
+_hidden: list[int] = []
+
+
+@contextlib.contextmanager
+def hidden_cases(seed: int):
+    """While this is active, every check draws its random cases from ``seed`` (through
+    :func:`case_generator`) instead of the fixed seeds written in the checks. The grader draws
+    ``seed`` at grading time and never shows it: an answer that stores the answers to the cases
+    a student can see (a lookup table) fails the cases it has never seen."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**62:
+        raise ValueError(f"seed must be an int in [0, 2**62), got {seed!r}")
+    _hidden[:] = [seed]
+    try:
+        yield
+    finally:
+        _hidden.clear()
+
+
+def case_generator(public_seed: int) -> torch.Generator:
+    """A CPU generator for a check's random cases: seeded with ``public_seed`` in a notebook (the
+    same cases every run, for feedback), or, under :func:`hidden_cases`, with a seed made from the
+    grader's hidden seed and ``public_seed`` (so that two generators of one check still differ)."""
+    seed = public_seed if not _hidden else (_hidden[0] * 1_000_003 + public_seed) % 2**62
+    return torch.Generator(device="cpu").manual_seed(seed)
+
+
+def grading() -> bool:
+    """True while the grader runs a check with hidden cases."""
+    return bool(_hidden)
+
+
+def draw_int(generator: torch.Generator, low: int, high: int) -> int:
+    """A random int in ``[low, high)`` from a case generator, as a Python int."""
+    return int(torch.randint(low, high, (), generator=generator))
+
+
+def draw_float(generator: torch.Generator, low: float, high: float, digits: int) -> float:
+    """A random float in ``[low, high]`` from a case generator, rounded to ``digits`` decimals:
+    a message then shows the very number the case used."""
+    u = float(torch.rand((), generator=generator, dtype=torch.float64))
+    return round(low + (high - low) * u, digits)
+
+
 def _names() -> str:
     return " or ".join(f"{f.__module__.replace('logitlab', 'll', 1)}.{f.__qualname__}" for f in _forbidden)
 
