@@ -1,5 +1,7 @@
 import os
 
+import pytest
+
 # The book is built and tested with no model hub: make any accidental download fail fast.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -37,3 +39,14 @@ def pytest_collection_modifyitems(session, config, items):
         return (1 if slow else 2, 0)
 
     items.sort(key=order)
+
+
+@pytest.fixture
+def untraced(monkeypatch):
+    """The checks without their library tracer, for tests that hand a check the library's own code
+    as the right answer (to test the check's cases, not its guard)."""
+    import contextlib
+
+    from logitlab.course.checks import common
+
+    monkeypatch.setattr(common, "library_watched", contextlib.nullcontext)

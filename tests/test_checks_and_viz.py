@@ -14,9 +14,15 @@ import logitlab as ll
 from logitlab.course.checks import CheckFailed, check_gumbel_max, check_softmax
 
 
+# These tests hand the checks the library's own code as the right answer (student_copy), to test
+# the checks' cases: the tracer that refuses it (tests/test_checks_own_work.py) is off for them.
+pytestmark = pytest.mark.usefixtures("untraced")
+
+
 def student_copy(function):
     """A library function as a student could hand it in: the same code in a new function object.
-    (The checks make the library's own function fail while the student's answer runs.)"""
+    The checks refuse any library code a student's function runs, this copy included (its
+    globals are the library's): the tests that use it turn the tracer off (``untraced``)."""
     f = inspect.unwrap(function)
     copy = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
     copy.__kwdefaults__ = f.__kwdefaults__

@@ -27,7 +27,7 @@ def test_a_right_answer_passes(capsys):
     (lambda t, v, g, k: z_score(t, v, g, k, unique=False), "a phrase said three times.*once"),
     (lambda t, v, g, k: z_score(t, v, 0.25, k), "gamma = 0.5.*gamma is the green share"),
     (lambda t, v, g, k: str(z_score(t, v, g, k)), "a finite float"),
-    (lambda t, v, g, k: __import__("logitlab").watermark.green_list.detect(t, v, g, k).z, "library's own answer"),
+    (lambda t, v, g, k: __import__("logitlab").watermark.green_list.detect(t, v, g, k).z, "library's own code"),
 ])
 def test_mistakes_are_caught(fn, message):
     with pytest.raises(CheckFailed, match=message):

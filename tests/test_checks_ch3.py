@@ -10,6 +10,8 @@ from logitlab.decoding.generate import find_stop as library_find_stop
 from logitlab.sampling.penalties import frequency_penalty as library_frequency_penalty
 from test_checks_and_viz import student_copy
 
+pytestmark = pytest.mark.usefixtures("untraced")  # the right answers are the library's code
+
 # Answers written like the library's (a student's copy: the checks forbid calling the library's own).
 find_stop, frequency_penalty = student_copy(library_find_stop), student_copy(library_frequency_penalty)
 

@@ -1,6 +1,7 @@
-"""A check fails an answer that hands the exercise back to the library: calling the function the
-exercise asks for (directly, or through another ``ll.*`` function that uses it) fails with a
-message saying so, and the library works normally again once the check is over."""
+"""A check fails an answer that runs the library's code where its exercise does not allow it:
+the function the exercise asks for (directly, under another name, as a copy of its code, or
+through another ``ll.*`` function that uses it) or any other library function, with a message
+naming what ran; the library works normally again once the check is over."""
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from logitlab.course import checks
 from logitlab.constrained.index import build_index, fewest_tokens
 from logitlab.decoding.generate import find_stop
 from logitlab.speculative.pass_embeddings import single_call_layout
-from logitlab.constrained.regex import ByteNFA, determinize, utf8_ranges
+from logitlab.constrained.regex import ByteDFA, ByteNFA, determinize, utf8_ranges
 from logitlab.speculative.pass_embeddings import training_layout
 from logitlab.speculative.tree_verify import after_rejection
 
@@ -45,10 +46,12 @@ SHORT_CUTS = {
     "check_typical_accept": lambda d, p, eps, delta: ll.speculative.typical.typical_accept(d[None], p[None], eps, delta)[0],
     "check_training_layout": lambda length, starts, k: training_layout(length, starts, k),
     "check_single_call_layout": lambda drafts, groups: single_call_layout(drafts, groups),
-    "check_keep_best": lambda scores, parents, budget: ll.speculative.eagle.rerank(scores, parents, budget),
+    "check_keep_best": lambda scores, parents, budget: ll.speculative.eagle.rerank(
+        torch.arange(len(scores))[None], torch.tensor([scores]), torch.tensor([parents]), budget),
     "check_after_rejection": lambda r, token, q: after_rejection(r, token, q),
-    "check_allowed_tokens": lambda table, vocab, state: build_index(table, vocab)[state],
-    "check_fewest_tokens": lambda moves, accepting: fewest_tokens(moves, accepting),
+    "check_allowed_tokens": lambda table, vocab, state: build_index(ByteDFA(torch.tensor(table), torch.ones(len(table), dtype=torch.bool)), vocab),
+    "check_fewest_tokens": lambda moves, accepting: fewest_tokens(
+        torch.tensor(accepting), *torch.tensor([[s, t] for s, ts in enumerate(moves) for t in ts] or [[0, 0]]).T),
     "check_utf8_ranges": lambda lo, hi: utf8_ranges(lo, hi),
     "check_subset_construction": subsets_by_library,
     "check_best_gamma": best_gamma_by_library,
@@ -58,7 +61,7 @@ SHORT_CUTS = {
 
 @pytest.mark.parametrize("check", sorted(SHORT_CUTS))
 def test_an_answer_that_calls_the_library_fails_and_says_why(check):
-    with pytest.raises(checks.CheckFailed, match="your function called ll\\..*asks for your own implementation"):
+    with pytest.raises(checks.CheckFailed, match="your function ran the library's own code \\(ll\\..*asks for your own implementation"):
         getattr(checks, check)(SHORT_CUTS[check])
 
 
@@ -67,7 +70,7 @@ def test_the_library_is_out_of_reach_through_other_functions_and_except_clauses(
     def through_process_logits(logits, k):
         return ll.sampling.pipeline.process_logits(logits, ll.SamplingConfig(top_k=k))
 
-    with pytest.raises(checks.CheckFailed, match="called ll.sampling.truncation.top_k"):
+    with pytest.raises(checks.CheckFailed, match=r"own code \(ll\.sampling\."):
         checks.check_top_k(through_process_logits)
 
     def swallowing(logits, t):  # a broad except clause does not hide the call
@@ -76,15 +79,49 @@ def test_the_library_is_out_of_reach_through_other_functions_and_except_clauses(
         except Exception:
             return torch.softmax(logits, -1)
 
-    with pytest.raises(checks.CheckFailed, match="called ll.probs.softmax"):
+    with pytest.raises(checks.CheckFailed, match=r"own code \(ll\.probs\.softmax\)"):
         checks.check_softmax(swallowing)
+
+
+def test_the_library_is_traced_under_any_name():
+    """The library's code is seen when it runs, however it was reached: another function that
+    gives the same answer, a copy of the asked-for function's code made before the check, a
+    function defined with the library's code object."""
+    import types
+
+    with pytest.raises(checks.CheckFailed, match=r"own code \(ll\.probs\.log_softmax\)"):
+        checks.check_softmax(lambda logits, t: ll.log_softmax(logits, t).exp())
+    copy = types.FunctionType(ll.softmax.__code__, ll.softmax.__globals__, "mine", ll.softmax.__defaults__)
+    with pytest.raises(checks.CheckFailed, match=r"own code \(ll\.probs\.softmax\)"):
+        checks.check_softmax(copy)
+    renamed = types.FunctionType(ll.softmax.__code__.replace(co_name="mine"), {"__name__": "__main__", **ll.probs.__dict__})
+    with pytest.raises(checks.CheckFailed, match="own code"):  # its helpers are the library's
+        checks.check_softmax(renamed)
+
+
+def test_an_exercise_may_allow_a_library_function():
+    """Chapter 12's z-score exercise gives ``green_mask``: an answer that uses it passes, and one
+    that calls the detector it asks for does not."""
+    from logitlab.watermark.green_list import detect, green_mask
+
+    def z_score(tokens, vocab_size, gamma, key):
+        pairs = list(dict.fromkeys(zip(tokens, tokens[1:])))
+        green = sum(bool(green_mask(p, vocab_size, gamma, key)[t]) for p, t in pairs)
+        n = len(pairs)
+        return (green - gamma * n) / (n * gamma * (1 - gamma)) ** 0.5
+
+    checks.check_green_z_score(z_score)
+    with pytest.raises(checks.CheckFailed, match="own code"):
+        checks.check_green_z_score(lambda tokens, v, gamma, key: detect(tokens, v, gamma, key).z)
 
 
 def test_the_library_works_again_after_a_check(capsys):
     with pytest.raises(checks.CheckFailed):
         checks.check_softmax(lambda logits, t: ll.softmax(logits, t))
     assert torch.allclose(ll.softmax(torch.tensor([0.0, 0.0])), torch.tensor([0.5, 0.5]))
-    # an answer of its own passes, and may use the library for anything else
-    checks.check_truncation_distance(lambda logits, kept: 0.5 * (ll.softmax(logits) - ll.softmax(kept)).abs().sum(-1))
+    # an answer of its own passes; one that uses the library for a part the exercise does not give fails
+    checks.check_truncation_distance(lambda logits, kept: 0.5 * (torch.softmax(logits, -1) - torch.softmax(kept, -1)).abs().sum(-1))
     assert "passed" in capsys.readouterr().out
+    with pytest.raises(checks.CheckFailed, match=r"own code \(ll\.probs\.softmax\)"):
+        checks.check_truncation_distance(lambda logits, kept: 0.5 * (ll.softmax(logits) - ll.softmax(kept)).abs().sum(-1))
     assert ll.tv_distance(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])).item() == 1.0

@@ -19,10 +19,27 @@ import torch
 
 import logitlab as ll
 from logitlab.course.checks import CheckFailed
-from logitlab.course.grade import (Unreadable, _decode, _encode, _write_back, check_notebook, exercise_code, grade, main,
-                            notebook_status)
+from logitlab.course.grade import check_notebook, exercise_code, grade, main, notebook_status
+from logitlab.course.wire import Unreadable
+from logitlab.course.wire import decode as _decode
+from logitlab.course.wire import encode as _encode
+from logitlab.course.wire import write_back as _write_back
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _jail_missing() -> str | None:
+    from logitlab.course import jail
+
+    try:
+        jail.check()
+    except jail.JailUnavailable as error:
+        return str(error)
+    return None
+
+
+# The grader jails students' code with bubblewrap; .ci/run installs it, so CI always runs these.
+needs_jail = pytest.mark.skipif(_jail_missing() is not None, reason=f"no jail here: {_jail_missing()}")
 SETUP = "import logitlab as ll\nimport torch"
 RIGHT = "def expected_tokens(alpha, gamma):\n    return sum(alpha ** i for i in range(gamma + 1))\n\nll.checks.check_expected_tokens(expected_tokens)"
 WRONG = "def expected_tokens(alpha, gamma):\n    return 1 / (1 - alpha)\n\nll.checks.check_expected_tokens(expected_tokens)"
@@ -55,6 +72,7 @@ def notebook(folder, name, *cells):
 
 
 @pytest.mark.slow
+@needs_jail
 def test_a_class_is_graded_exercise_by_exercise(tmp_path):
     class_ = tmp_path / "returned"
     class_.mkdir()
@@ -67,7 +85,7 @@ def test_a_class_is_graded_exercise_by_exercise(tmp_path):
     (class_ / "fay.ipynb").write_text("{ not json")
     notebook(class_, "mallory", *MALLORY)
     executed = tmp_path / "executed"
-    rows = {r["student"]: r for r in grade(class_, tmp_path / "grades.csv", timeout=15, memory_gb=6, keep=executed)}
+    rows = {r["student"]: r for r in grade(class_, tmp_path / "grades.csv", timeout=15, memory_gb=6, keep=executed, run=True)}
 
     assert rows["ada"]["check_expected_tokens"] == rows["ada"]["check_softmax"] == "passed"
     assert rows["bob"]["check_expected_tokens"].startswith("failed: expected_tokens(")
@@ -91,7 +109,10 @@ def test_a_class_is_graded_exercise_by_exercise(tmp_path):
     with open(tmp_path / "grades.csv") as f:
         sheet = list(csv.DictReader(f))
     assert [r["student"] for r in sheet] == ["ada", "bob", "cy", "dee", "eve", "fay", "mallory"]
-    assert list(sheet[0])[:4] == ["student", "check_expected_tokens", "check_softmax", "check_top_k"]
+    assert list(sheet[0]) == ["student", "check_expected_tokens", "check_expected_tokens points", "check_softmax",
+                              "check_softmax points", "check_top_k", "check_top_k points", "total", "max", "note"]
+    # points: the teacher's guide's, all or nothing (check_expected_tokens: 2 of its exercise's 5, the rest written)
+    assert [(r["student"], r["total"], r["max"]) for r in sheet][:2] == [("ada", "6", "9"), ("bob", "0", "9")]
     assert not (tmp_path / "stolen.txt").exists() and not list(tmp_path.glob("*/stolen.txt"))
 
 
@@ -226,6 +247,7 @@ CARELESS = {
 
 
 @pytest.mark.slow
+@needs_jail
 def test_cheats_get_no_points_honest_answers_keep_theirs_and_mistakes_their_verdicts(tmp_path):
     # Every check but check_verify (20,000 calls: 25 s here), on the chapters' own solutions.
     every = [name for name in ll.checks.__all__ if name.startswith("check_") and name != "check_verify"]
@@ -242,8 +264,8 @@ def test_cheats_get_no_points_honest_answers_keep_theirs_and_mistakes_their_verd
                                                                                     *CHEATS.values()]])
     verdicts = check_notebook(json.loads(nbformat.writes(cheats)), checks, tmp_path / "cheats", timeout=300, memory_gb=6)
     assert not [check for check, verdict in verdicts.items() if verdict == "passed"], verdicts
-    assert "asks for your own implementation" in verdicts["check_softmax"]
-    assert "asks for your own implementation" in verdicts["check_gumbel_max"]
+    assert "library's own code (ll.probs.softmax)" in verdicts["check_softmax"]
+    assert "library's own code (ll.sampling.draw.gumbel_max)" in verdicts["check_gumbel_max"]
     assert "Too many open files" in verdicts["check_top_k"] and verdicts["check_top_k"].startswith("failed:")
     assert verdicts["check_top_p"].startswith("error: OSError") and "Too many open files" in verdicts["check_top_p"]
     assert "NameError" in verdicts["check_expected_tokens"]
@@ -251,7 +273,8 @@ def test_cheats_get_no_points_honest_answers_keep_theirs_and_mistakes_their_verd
                            ("check_typical_accept", "os.fork"), ("check_keep_best", "ctypes.dlopen")]:
         assert f"does not allow {refused}" in verdicts[check], verdicts[check]
     assert "Too many open files" in verdicts["check_after_rejection"]
-    assert "ended or answered out of turn" in verdicts["check_fewest_tokens"]
+    # the pipe closed and the key opened: in the jail the key is not there, and the sandbox ends
+    assert any(why in verdicts["check_fewest_tokens"] for why in ["ended or answered out of turn", "No such file"])
     for check in ["check_frequency_penalty", "check_stop_position", "check_match_probability"]:
         assert verdicts[check].startswith("failed: Case"), verdicts[check]
 
@@ -335,3 +358,138 @@ def test_bad_arguments_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(tmp_path)])  # empty
     assert "no .ipynb notebook" in capsys.readouterr().err
+
+
+# The second round of cheats (issue 84): the library's code under other names, the tracer
+# attacked, the grades rewritten by a process that outlives the run, answers looked up in a table.
+LIBRARY_UNDER_OTHER_NAMES = {
+    "check_softmax": "def sm(z, t):\n    return ll.log_softmax(z, t).exp()\n\nll.checks.check_softmax(sm)",
+    "check_top_k": "import types\n\ndef my_top_k(logits, k, _copy=types.FunctionType(ll.sampling.truncation.top_k.__code__, {})):\n"
+                   "    return _copy(logits, k)\n\nll.checks.check_top_k(my_top_k)",
+    "check_top_p": "import functools\n\nll.checks.check_top_p(functools.partial(ll.sampling.truncation.top_p))",
+    "check_tree_mask": "class Lazy:\n    def __init__(self, parents):\n        self.parents = parents\n"
+                       "    def tolist(self):\n        return ll.tree_attention_mask(self.parents).tolist()\n    dtype = 'bool'\n\n"
+                       "def tree_mask(parents):\n    return Lazy(parents)\n\nll.checks.check_tree_mask(tree_mask)",
+    "check_tree_positions": "import sys\n\ndef tree_positions(parents, offset):\n    sys.settrace(None)\n"
+                            "    return ll.tree_position_ids(parents, offset)\n\nll.checks.check_tree_positions(tree_positions)",
+    "check_expected_tokens": "import sys\n\ndef expected_tokens(alpha, gamma):\n    tracer = sys.gettrace()\n"
+                             "    if tracer is not None:\n        tracer.__closure__[0].cell_contents.clear()\n"
+                             "    return ll.speculative.expected_tokens(alpha, gamma)\n\nll.checks.check_expected_tokens(expected_tokens)",
+    "check_match_probability": "import threading\n\ndef match_probability(p):\n    out = []\n"
+                               "    worker = threading.Thread(target=lambda: out.append(ll.speculative.typical.match_probability(p)))\n"
+                               "    worker.start()\n    worker.join()\n    return out[0]\n\n"
+                               "ll.checks.check_match_probability(match_probability)",
+}
+
+
+@pytest.mark.slow
+@needs_jail
+def test_the_library_runs_under_no_name_in_a_students_function(tmp_path):
+    """However a student's function reaches the library's code (another function giving the same
+    answer, a copy of the asked-for function's code, the library function itself handed to the
+    check, a method of the value it returns, after trying to switch the tracer off, or in a
+    thread), the grader sees it and the exercise earns nothing."""
+    cells = [setup_cell(), *LIBRARY_UNDER_OTHER_NAMES.values()]
+    nb = json.loads(nbformat.writes(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])))
+    verdicts = check_notebook(nb, list(LIBRARY_UNDER_OTHER_NAMES), tmp_path, timeout=300, memory_gb=6, seed=1)
+    assert not [check for check, verdict in verdicts.items() if verdict == "passed"], verdicts
+    assert "library's own code (ll.probs.log_softmax)" in verdicts["check_softmax"]
+    assert "does not allow object.__getattr__" in verdicts["check_top_k"]  # reading the code object
+    assert "library's own code (ll.sampling.truncation.top_p)" in verdicts["check_top_p"]
+    assert "library's own code (ll.decoding.tree_shape.tree_attention_mask)" in verdicts["check_tree_mask"]
+    assert "does not allow sys.settrace" in verdicts["check_tree_positions"]
+    assert "library's own code (ll.speculative" in verdicts["check_expected_tokens"], verdicts["check_expected_tokens"]
+    assert "does not allow new threads" in verdicts["check_match_probability"]
+
+
+@pytest.mark.slow
+@needs_jail
+def test_a_notebook_cannot_outlive_its_run_nor_touch_the_grades(tmp_path):
+    """A notebook whose run starts a process that waits for the grader to finish, then rewrites
+    the grade sheet (and one that tries to write beside the submissions at once): the process
+    dies with the run, the sheet is the grader's, and nothing is written outside the run's own
+    scratch folder."""
+    import subprocess
+    import time
+
+    class_, sheet = tmp_path / "returned", tmp_path / "grades.csv"
+    class_.mkdir()
+    forge = ("student,check_softmax,passed,seconds,note\\nmallory,passed,1,0,\\n")
+    rewrite = (f"import subprocess\nsubprocess.Popen(['sh', '-c', 'sleep 20; printf \"{forge}\" > {sheet}; "
+               f"touch {tmp_path}/escaped'], start_new_session=True)\n"
+               f"open('{class_}/ada.ipynb', 'a').write('x')")
+    notebook(class_, "mallory", SETUP, rewrite, "def sm(z, t):\n    raise NotImplementedError\n\nll.checks.check_softmax(sm)")
+    notebook(class_, "ada", SETUP, SOFTMAX)
+    started = time.monotonic()
+    rows = {r["student"]: r for r in grade(class_, sheet, timeout=120, memory_gb=6, run=True, workers=1)}
+    assert rows["mallory"]["check_softmax"].startswith("error: PermissionError") or rows["mallory"]["check_softmax"] == "not attempted"
+    assert rows["ada"]["check_softmax"] == "passed" and rows["mallory"]["passed"] == 0
+    written = sheet.read_text()
+    time.sleep(max(0.0, 25 - (time.monotonic() - started)))  # past the forger's 20 s
+    assert sheet.read_text() == written and "mallory,passed" not in written
+    assert not (tmp_path / "escaped").exists() and json.loads((class_ / "ada.ipynb").read_text())
+    assert subprocess.run(["pgrep", "-f", "sleep 20; printf"], capture_output=True).returncode == 1  # no such process
+
+
+@pytest.mark.slow
+@needs_jail
+def test_the_command_line_writes_the_sheet_and_the_gradebooks(tmp_path, capsys):
+    """One call of the command: a chapter's exercises as columns (a deleted one included), the
+    exercises that count, a roster, and the Canvas, Moodle and Gradescope files from the same
+    verdicts; the points are the teacher's guide's."""
+    class_ = tmp_path / "returned"
+    class_.mkdir()
+    notebook(class_, "ada", SETUP, SOFTMAX)  # the Gumbel-max exercise deleted
+    notebook(class_, "bob", SETUP, SHORT_CUT)
+    (tmp_path / "roster.csv").write_text("file,name,id,login,email\nada,Ada L,101,ada,ada@uni.edu\n"
+                                         "bob,Bob K,102,bob,bob@uni.edu\ncy,Cy D,103,cy,cy@uni.edu\n")
+    main([str(class_), "--chapter", "01_logits_and_temperature", "--out", str(tmp_path / "grades.csv"),
+          "--count", "check_softmax", "--roster", str(tmp_path / "roster.csv"), "--assignment", "Chapter 1",
+          "--canvas", str(tmp_path / "canvas.csv"), "--moodle", str(tmp_path / "moodle.csv"), "--moodle-identifier", "email"])
+    printed = capsys.readouterr().out
+    assert "cy" in printed and "2 notebooks graded" in printed  # a roster student with no notebook is reported
+    with open(tmp_path / "grades.csv") as f:
+        sheet = {r["student"]: r for r in csv.DictReader(f)}
+    assert sheet["ada"]["check_softmax"] == "passed" and sheet["ada"]["total"] == "4" and sheet["ada"]["max"] == "4"
+    assert sheet["bob"]["check_softmax"].startswith("failed:") and sheet["bob"]["total"] == "0"
+    assert sheet["cy"]["total"] == "0"
+    canvas = (tmp_path / "canvas.csv").read_text().splitlines()
+    assert canvas[:4] == ["Student,ID,SIS User ID,SIS Login ID,Section,Chapter 1", "Points Possible,,,,,4",
+                          "Ada L,101,,ada,,4", "Bob K,102,,bob,,0"]
+    moodle = (tmp_path / "moodle.csv").read_text().splitlines()
+    assert moodle[0] == "Email address,Full name,Chapter 1" and "ada@uni.edu,Ada L,4" in moodle
+
+    one = tmp_path / "one"
+    one.mkdir()
+    notebook(one, "ada", SETUP, SOFTMAX)
+    main([str(one), "--chapter", "01_logits_and_temperature", "--out", str(tmp_path / "one.csv"),
+          "--gradescope", str(tmp_path / "results.json")])
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert [(t["name"], t["score"], t["max_score"]) for t in results["tests"]] == [
+        ("check_softmax", 4, 4), ("check_gumbel_max", 0, 4)], results
+
+
+@pytest.mark.slow
+@needs_jail
+def test_a_table_of_the_visible_answers_passes_in_the_notebook_and_fails_the_grade(tmp_path):
+    """The answers to every case a student can see, stored as a literal table in the notebook:
+    they pass the public check (the grader without its hidden seed), and fail the grade, whose
+    random cases come from a seed drawn when grading."""
+    seen = {}
+
+    def recording(z, t):
+        answer = ll.probs.softmax(z, t)
+        seen[repr((z.tolist(), t))] = (answer.tolist(), str(answer.dtype).removeprefix("torch."))
+        return answer
+
+    with contextlib.redirect_stdout(io.StringIO()), pytest.MonkeyPatch.context() as patch:
+        from logitlab.course.checks import common
+
+        patch.setattr(common, "library_watched", contextlib.nullcontext)
+        ll.checks.check_softmax(recording)
+    table = (f"TABLE = {seen!r}\n\ndef sm(z, t):\n    answer, dtype = TABLE[repr((z.tolist(), t))]\n"
+             "    return torch.tensor(answer, dtype=getattr(torch, dtype))\n\nll.checks.check_softmax(sm)")
+    nb = json.loads(nbformat.writes(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in [SETUP, table]])))
+    assert check_notebook(nb, ["check_softmax"], tmp_path / "public", timeout=120, memory_gb=6) == {"check_softmax": "passed"}
+    graded = check_notebook(nb, ["check_softmax"], tmp_path / "hidden", timeout=120, memory_gb=6, seed=2026)
+    assert graded["check_softmax"].startswith("failed: Case 2 of 14 (a batch of random rows)"), graded  # drawn anew

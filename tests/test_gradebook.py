@@ -423,7 +423,7 @@ def test_the_command_writes_the_zip_from_the_books_own_settings(tmp_path, capsys
     assert capsys.readouterr().out == f"{tmp_path / 'a.zip'}: the autograder of {CHAPTER}, 2 checks worth 8 points\n"
     with zipfile.ZipFile(tmp_path / "a.zip") as archive:
         assert f"'{_pinned(url, ref)}'" in archive.read("setup.sh").decode()
-        assert f"--chapter {CHAPTER}\n" in archive.read("run_autograder").decode()
+        assert f"--chapter {CHAPTER} " in archive.read("run_autograder").decode()
     for argv in (["--chapter", "99_nothing"], ["--chapter", CHAPTER, "--repo", "github.com/x"],
                  ["--chapter", CHAPTER, "--release", "v1; rm -rf /"], ["--chapter", CHAPTER, "--release", "v1..2"]):
         with pytest.raises(SystemExit):

@@ -266,7 +266,7 @@ def test_gumbel_top_k_bad_arguments():
 # --- The checker and argument checks ---------------------------------------------------------------
 
 
-def test_check_tree_mask_accepts_the_reference_and_rejects_wrong_masks(capsys):
+def test_check_tree_mask_accepts_the_reference_and_rejects_wrong_masks(capsys, untraced):
     from test_checks_and_viz import student_copy
 
     tree_attention_mask = student_copy(ll.tree_attention_mask)  # the checks forbid the library's own

@@ -16,54 +16,30 @@ Each exercise (the code cell calling ``ll.checks.check_*``) gets one of:
 **The grader checks; the notebook only runs.** Nothing a notebook prints or patches counts.
 For each exercise the grader takes from the notebook the source of the function it checks: the
 imports, functions, classes and literal constants (``NAME = 1.5``) of the code cells before the
-exercise, and the exercise's own cell up to its check call. That code runs in a *sandbox*, a
-fresh Python process that imports the library anew and runs nothing else of the notebook. The
-check itself runs in the grader's process, with the grader's library and torch, and calls the
-student's function through a pipe: code in the sandbox can change only the values that come
-back, which are plain data (numbers, strings, lists, tensors as raw bytes, in JSON; nothing is
-unpickled). While the function runs, the library function the exercise asks for is out of reach
-in the sandbox, as in a notebook (``checks.common.asks_for``). Before any of the student's code
-runs there, the sandbox can open no new file (``RLIMIT_NOFILE`` leaves it its two pipes to the
-grader, so no file, socket or pipe: not the answer key, not the other submissions), and an audit
-hook (:func:`sys.addaudithook`) refuses new processes, ctypes, signals, changing resource
-limits, loading modules, tracing, changes to the file system and the garbage collector's object
-lists. The checks hand the function plain data (tensors, numbers, strings, lists, dicts,
-generators), and what it changes in place, or a generator it draws from, is carried back. The
-library stays readable in the sandbox, as it is for every student: an answer that copies it, or
-rebuilds a library function the exercise asks for, is for the rubric to judge.
+exercise, and the exercise's own cell up to its check call. That code runs in a sandbox
+(:mod:`logitlab.course.sandbox`: a fresh Python process in an operating-system jail, locked before
+the student's code runs, with the library's code traced); the check runs in the grader's process,
+with its random cases drawn from a seed drawn at grading time that no notebook sees, and calls
+the student's function through a pipe. The grade sheet is written by the grader alone, after
+every sandbox has ended.
 
-Every submission's answers are checked before any notebook runs. Then each notebook runs from
-top to bottom in a fresh Jupyter kernel, every cell even after an error, to find what the check
-alone cannot see: a cell that raises something other than the check's failure (``error: ...``),
-or a notebook that runs out of time before the exercise's cell ends (``timeout``). That run can
-only take points away: what it prints is never read. A notebook that is not valid JSON gets a
-row saying so; one error never stops the whole run.
-
-What isolation this is, and is not: the notebook runs in a child process with its own empty
-scratch folder as working directory and home folder (a copy of the notebook in it), a time limit
-(the process group is killed when it is over), a memory limit (``RLIMIT_AS`` on the process and
-the kernel it starts) and the network switched off for the model hub and pip (environment
-variables, not a firewall). The sandbox has the same time and memory limits. But both run as the
-same user as the grader, and the notebook's run is not confined: a notebook that means harm can
-read or write any file that user can, including the installed library that later gradings use.
-The sandbox's limits are those of one process, not of an operating-system sandbox. For code from
-people you do not trust, run the grader inside a container or a throwaway virtual machine, with
-no answer key in it.
+Notebooks are graded in parallel, one worker process per core. With ``--run``, each notebook
+then also runs from top to bottom in a fresh Jupyter kernel, jailed in the same way, to find
+what the check alone cannot see: a cell that raises something other than the check's failure
+(``error: ...``), or a notebook that runs out of time before the exercise's cell ends
+(``timeout``). That run can only take points away: what it prints is never read. A notebook
+that is not valid JSON gets a row saying so; one error never stops the whole run.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
-import base64
 import contextlib
-import csv
 import io
 import json
 import os
 import re
-import resource
-import select
 import shutil
 import signal
 import subprocess
@@ -73,6 +49,10 @@ import time
 from pathlib import Path
 
 import torch
+
+from .gradebook import counted_checks, exercise_points, known_checks, write_sheet
+from .sandbox import (DefinitionError, ProcessEnded, Sandbox, SandboxTimeout, function_name, hidden_files,
+                      limits)
 
 CHECK_CALL = re.compile(r"\bll\.checks\.(check_\w+)\(")
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PIP_NO_INDEX": "1",
@@ -175,381 +155,16 @@ def _imported(statements: list[str]) -> set[str]:
     return names
 
 
-# The data that crosses over: JSON, with tensors as raw bytes. Decoding builds only plain types.
-
-_DTYPES = {str(d).removeprefix("torch."): d for d in (
-    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
-    torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128)}
-
-
-def _encode(x, args=()):
-    """``x`` as JSON data. A tensor sharing memory with a tensor of ``args`` (a function that
-    returns its input) is sent as a reference to it, so that the checks can tell."""
-    if x is None or type(x) in (bool, int, float, str):
-        return x
-    if isinstance(x, torch.Tensor):
-        x = x.detach()
-        for i, a in enumerate(args):
-            if (isinstance(a, torch.Tensor) and x.numel() and x.dtype == a.dtype and x.device == a.device
-                    and x.data_ptr() == a.data_ptr()):
-                return {"arg": [i, list(x.shape), list(x.stride())]}
-        x = x.cpu()
-        try:
-            data = x.numpy().tobytes()  # in C order, whatever the strides
-        except (TypeError, RuntimeError):  # a dtype numpy does not have (bfloat16)
-            data = torch.empty(x.numel(), dtype=x.dtype).copy_(x.reshape(-1)).view(torch.uint8).numpy().tobytes()
-        return {"tensor": [str(x.dtype).removeprefix("torch."), list(x.shape), base64.b64encode(data).decode()]}
-    if isinstance(x, torch.Generator):
-        return {"generator": _encode(x.get_state())}
-    if isinstance(x, bool):
-        return bool(x)
-    for kind in (int, float, str):
-        if isinstance(x, kind):
-            return kind(x)
-    if isinstance(x, (bytes, bytearray)):
-        return {"bytes": base64.b64encode(bytes(x)).decode()}
-    if isinstance(x, list):
-        return [_encode(v, args) for v in x]
-    if isinstance(x, tuple):
-        return {"tuple": [_encode(v, args) for v in x]}
-    if isinstance(x, (set, frozenset)):
-        return {"set": [_encode(v, args) for v in x]}
-    if isinstance(x, dict):
-        return {"dict": [[_encode(k, args), _encode(v, args)] for k, v in x.items()]}
-    if hasattr(x, "tolist") and hasattr(x, "dtype"):  # numpy
-        return _encode(x.tolist(), args)
-    return {"object": [type(x).__name__, repr(x)[:300]]}
-
-
-class Unreadable:
-    """A value the sandbox sent that is not plain data: only its type's name and repr are shown."""
-
-    def __init__(self, text: str):
-        self.text = text
-
-    def __repr__(self):
-        return self.text
-
-
-def _name(text) -> str:
-    return re.sub(r"\W", "_", str(text))[:80] or "object"
-
-
-def _decode(x, args=()):
-    """The inverse of :func:`_encode`; ``args`` are the tensors a reference may point to."""
-    if isinstance(x, list):
-        return [_decode(v, args) for v in x]
-    if not isinstance(x, dict):
-        return x
-    [(kind, value)] = x.items()
-    if kind == "tensor":
-        dtype, shape, data = value
-        raw = base64.b64decode(data)
-        flat = torch.frombuffer(bytearray(raw), dtype=_DTYPES[dtype]) if raw else torch.empty(0, dtype=_DTYPES[dtype])
-        return flat.reshape([int(n) for n in shape])
-    if kind == "arg":
-        index, shape, stride = value
-        a = args[int(index)]
-        shape, stride = [int(n) for n in shape], [int(n) for n in stride]
-        return a if list(a.shape) == shape and list(a.stride()) == stride else a.as_strided(shape, stride, a.storage_offset())
-    if kind == "generator":
-        generator = torch.Generator(device="cpu")  # the checks hand their functions CPU generators
-        generator.set_state(_decode(value))
-        return generator
-    if kind == "bytes":
-        return base64.b64decode(value)
-    if kind == "tuple":
-        return tuple(_decode(v, args) for v in value)
-    if kind == "set":
-        return {_decode(v, args) for v in value}
-    if kind == "dict":
-        return {_decode(k, args): _decode(v, args) for k, v in value}
-    if kind == "object":
-        return type(_name(value[0]), (Unreadable,), {})(str(value[1]))
-    raise ValueError(f"unknown kind of data {kind!r}")
-
-
-def _write_back(old, new) -> None:
-    """Leave the check's argument ``old`` as the student's function left its copy ``new``: the
-    checks look for arguments changed in place, and a generator must move on."""
-    if isinstance(old, torch.Generator) and isinstance(new, torch.Generator):
-        old.set_state(new.get_state())
-    elif isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor):
-        with torch.no_grad():
-            if old.shape == new.shape and old.dtype == new.dtype:
-                if not torch.equal(old, new):
-                    old.copy_(new)
-            else:
-                old.data = new
-    elif isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
-        for i, (a, b) in enumerate(zip(old, new)):
-            if isinstance(a, (torch.Tensor, torch.Generator, list, dict)):
-                _write_back(a, b)
-            else:
-                old[i] = b
-    elif isinstance(old, list) and isinstance(new, list):
-        old[:] = new
-    elif isinstance(old, dict) and isinstance(new, dict):
-        old.clear()
-        old.update(new)
-
-
-# The sandbox's side: a fresh process, started by the grader, that answers its requests.
-
-_REFUSED = frozenset({
-    "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "subprocess.Popen",
-    "pty.spawn", "os.kill", "os.killpg", "signal.pthread_kill", "sys.settrace", "sys.setprofile",
-    "gc.get_objects", "gc.get_referrers", "gc.get_referents", "os.remove", "os.rename", "os.rmdir",
-    "os.mkdir", "os.chmod", "os.chown", "os.utime", "os.truncate", "os.link", "os.symlink", "os.mkfifo",
-    "os.mknod", "os.setxattr", "os.removexattr", "os.chflags", "os.lchflags", "shutil.rmtree",
-    "webbrowser.open", "os.startfile"})
-
-
-def _audit_hook():
-    """The sandbox's audit hook. A closure, so that nothing the student's code can reach refers to
-    it; what it uses is bound here, so that patching builtins or modules cannot change it."""
-    refused, startswith, getrlimit, nofile = _REFUSED, str.startswith, resource.getrlimit, resource.RLIMIT_NOFILE
-
-    def hook(event, args):
-        if (event in refused or startswith(event, "socket.") or (event == "import" and "_posixsubprocess" in args[0])
-                # once the descriptors are locked: ctypes and resource limits (imports before may use them),
-                # and loading any module (no file can be opened, but an extension already loaded could be)
-                or (startswith(event, ("ctypes.", "resource.", "import")) and getrlimit(nofile)[1] <= 2)):
-            raise PermissionError(f"the grader's sandbox does not allow {event}")
-
-    return hook
-
-
-def _lock_down(imports) -> None:
-    """(In the sandbox, before any student code.) Import what the exercises import, then close
-    every way out: no new file descriptor (only the two pipes, 0 and 1, stay), and the audit hook."""
-    import importlib
-
-    replies, quiet = os.dup(1), open(os.devnull, "w")
-    for fd in (1, 2):  # what is printed from here on goes nowhere; fd 1 is the grader's pipe again below
-        os.dup2(quiet.fileno(), fd)
-    sys.stdout = sys.stderr = quiet
-    sys.addaudithook(_audit_hook())
-    for name in sorted(imports):
-        with contextlib.suppress(BaseException):
-            importlib.import_module(name)
-    importlib.import_module(f"{__package__}.checks.common")  # what _call uses: no module loads after the lock
-    for module, name in [("_posixsubprocess", "fork_exec"), ("subprocess", "_fork_exec")]:
-        if module in sys.modules:  # it forks without an audit event
-            setattr(sys.modules[module], name, None)
-    os.dup2(replies, 1)
-    os.close(replies)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (2, 2))
-
-
-def _resolve(name: str):
-    import importlib
-
-    module, _, qualname = name.partition(":")
-    found = importlib.import_module(module)
-    for part in qualname.split("."):
-        found = getattr(found, part)
-    return found
-
-
-def _define(message: dict):
-    """Run an exercise's statements in a fresh namespace; return (the function, the reply)."""
-    import builtins
-
-    namespace, errors = {"__name__": "__main__", "__builtins__": builtins}, []
-    for number, statement in enumerate(message["define"]):
-        try:
-            exec(compile(statement, "<notebook>", "exec"), namespace)
-        except BaseException as error:  # the notebook's run reports it too
-            if number >= message["own"]:  # the exercise's cell: why its function may be missing
-                errors.append(f"{type(error).__name__}: {_text(error)}")
-    try:
-        return eval(message["argument"], namespace), {"defined": True}
-    except BaseException as error:
-        return None, {"error": errors[0] if errors else f"{type(error).__name__}: {_text(error)}"}
-
-
-def _text(error: BaseException) -> str:
-    try:
-        text = str(error)[:2000]
-    except BaseException:
-        return ""
-    return text + (" (the grader runs your code with no access to files)" if "Too many open files" in text else "")
-
-
-def _call(function, message: dict) -> dict:
-    """Call the student's function as :func:`logitlab.course.checks.common.call` would, here."""
-    from .checks.common import LibraryCalled, library_out_of_reach, own_work
-
-    try:
-        args = _decode(message["call"])
-        forbidden = [_resolve(name) for name in message["forbidden"]]
-        with own_work(*forbidden), library_out_of_reach():
-            value = function(*args)
-            return {"value": _encode(value, args), "args": _encode(args)}
-    except LibraryCalled:
-        return {"library": True}
-    except BaseException as error:
-        return {"raised": type(error).__name__, "message": _text(error)}
-
-
-def _serve() -> None:
-    """(The sandbox's main loop.) One JSON request per line on stdin, one reply per line on stdout."""
-    requests, replies = open(0, "rb", closefd=False), open(1, "wb", buffering=0, closefd=False)
-    _lock_down(json.loads(requests.readline())["imports"])
-    replies.write(b'{"ready": true}\n')
-    function = None
-    for line in requests:
-        message = json.loads(line)
-        if "define" in message:
-            function, reply = _define(message)
-        else:
-            reply = _call(function, message)
-        try:
-            data = json.dumps(reply).encode()
-        except BaseException as error:
-            data = json.dumps({"raised": type(error).__name__, "message": _text(error)}).encode()
-        replies.write(data + b"\n")
-
-
-# The grader's side.
-
-class SandboxTimeout(BaseException):
-    """The sandbox ran out of time (a BaseException: a check's ``except Exception`` lets it through)."""
-
-
-class ProcessEnded(Exception):
-    """The process running the student's code ended, or answered out of turn."""
-
-
-def _limits(memory_bytes):
-    def apply():  # in the child, before it runs anything: its own process group, a memory cap
-        os.setsid()
-        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-
-    return apply
-
-
-class Sandbox:
-    """A fresh Python process for one submission's code: see the module's docstring."""
-
-    LIMIT = 256 * 2**20  # bytes in one reply
-
-    def __init__(self, scratch: Path, imports, memory_gb: float, deadline: float):
-        import matplotlib
-
-        scratch.mkdir(parents=True, exist_ok=True)
-        self.deadline = deadline
-        lib = str(Path(__file__).resolve().parents[2])
-        boot = f"import sys; sys.path.insert(0, {lib!r}); from logitlab.course.grade import _serve; _serve()"
-        env = {**os.environ, **OFFLINE, "HOME": str(scratch), "TMPDIR": str(scratch), "MPLBACKEND": "Agg",
-               "MPLCONFIGDIR": matplotlib.get_configdir()}
-        with open(scratch / "sandbox.log", "wb") as log:  # what the sandbox says before it is locked
-            self.process = subprocess.Popen([sys.executable, "-I", "-B", "-c", boot], cwd=scratch, env=env,
-                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                            preexec_fn=_limits(int(memory_gb * 2**30)))
-        os.set_blocking(self.process.stdin.fileno(), False)
-        self.log, self.started = scratch / "sandbox.log", False
-        self.ask({"imports": sorted(imports)})
-        self.started = True
-
-    def ask(self, message: dict) -> dict:
-        """Send one request, wait (until the deadline) for its reply."""
-        data, reply = json.dumps(message).encode() + b"\n", bytearray()
-        w, r = self.process.stdin.fileno(), self.process.stdout.fileno()
-        while data or not reply.endswith(b"\n"):
-            wait = self.deadline - time.monotonic()
-            if wait <= 0:
-                self.close()
-                raise SandboxTimeout()
-            readable, writable, _ = select.select([r], [w] if data else [], [], wait)
-            if writable:
-                try:
-                    data = data[os.write(w, data[:1 << 16]):]
-                except BlockingIOError:
-                    pass
-                except BrokenPipeError:
-                    raise self._ended() from None
-            if readable:
-                chunk = os.read(r, 1 << 20)
-                if not chunk or len(reply) + len(chunk) > self.LIMIT:
-                    raise self._ended()
-                reply += chunk
-        try:
-            answer = json.loads(reply)
-        except (ValueError, RecursionError):
-            raise self._ended() from None
-        if not isinstance(answer, dict):
-            raise self._ended()
-        return answer
-
-    def _ended(self) -> ProcessEnded:
-        self.close()
-        if not self.started:  # the library did not import, ...: say why
-            last = self.log.read_bytes().decode(errors="replace").strip().splitlines()[-1:] or [""]
-            return ProcessEnded(f"the grader's sandbox did not start: {last[0][:200]}")
-        return ProcessEnded("the process running your code ended or answered out of turn")
-
-    def define(self, statements: list[str], own: int, argument: str) -> "Remote":
-        reply = self.ask({"define": statements, "own": own, "argument": argument})
-        if "error" in reply:
-            raise DefinitionError(str(reply["error"]))
-        return Remote(self, argument)
-
-    def call(self, args: tuple):
-        from .checks import common
-
-        forbidden = [f"{f.__module__}:{f.__qualname__}" for f in common._forbidden]
-        reply = self.ask({"call": _encode(list(args)), "forbidden": forbidden})
-        if "library" in reply:
-            raise common.LibraryCalled()
-        if "raised" in reply:
-            name, message = _name(reply["raised"]), str(reply.get("message", ""))[:2000]
-            raise NotImplementedError(message) if name == "NotImplementedError" else type(name, (Exception,), {})(message)
-        try:
-            for old, new in zip(args, _decode(reply["args"])):
-                _write_back(old, new)
-            return _decode(reply["value"], args)
-        except Exception as error:  # not the data it should be
-            raise ProcessEnded(f"the sandbox sent back something unreadable ({type(error).__name__})") from None
-
-    @property
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def close(self) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
-        for pipe in (self.process.stdin, self.process.stdout):
-            with contextlib.suppress(OSError):
-                pipe.close()
-
-
-class DefinitionError(Exception):
-    """The exercise's code did not give a function to check (the message says why)."""
-
-
-class Remote:
-    """The student's function as the check sees it: each call runs in the sandbox."""
-
-    def __init__(self, sandbox: Sandbox, name: str):
-        self.sandbox, self.__name__ = sandbox, name
-
-    def __call__(self, *args):
-        return self.sandbox.call(args)
-
-
-def _verdict(sandbox: Sandbox, check: str, statements: list[str], own: int, argument: str) -> str:
+def _verdict(sandbox: Sandbox, check: str, statements: list[str], own: int, argument: str, seed: int | None) -> str:
     from . import checks
-    from .checks.common import CheckFailed
+    from .checks.common import CheckFailed, hidden_cases
 
     if not check.startswith("check_") or not callable(getattr(checks, check, None)):
         return f"error: there is no check ll.checks.{check}"
     try:
         function = sandbox.define(statements, own, argument)
-        with contextlib.redirect_stdout(io.StringIO()):  # the check's own "passed" line
-            getattr(checks, check)(function)
+        with contextlib.redirect_stdout(io.StringIO()), (hidden_cases(seed) if seed is not None else contextlib.nullcontext()):
+            getattr(checks, check)(function)  # the check's own "passed" line goes nowhere
         return "passed"
     except NotImplementedError:
         return "not attempted"
@@ -564,12 +179,10 @@ def _verdict(sandbox: Sandbox, check: str, statements: list[str], own: int, argu
         return f"error: {type(error).__name__}: {text[0] if text else ''}"
 
 
-def check_notebook(nb: dict, checks: list[str], scratch: Path, *, timeout: float = 600,
-                   memory_gb: float = 8) -> dict[str, str]:
-    """The grader's own verdict on each exercise of ``nb`` that ``checks`` names: ``passed``,
-    ``failed: ...``, ``not attempted``, ``error: ...``, ``timeout`` or ``missing``. The checks run
-    here; the student's functions run in a sandbox under ``scratch`` (see the module's docstring)."""
-    deadline, verdicts, code = time.monotonic() + timeout, {}, {}
+def _exercises(nb: dict, checks: list[str]) -> tuple[dict, dict]:
+    """``(verdicts, code)``: what each check grades in ``nb`` (:func:`exercise_code`), or the
+    verdict already known (``missing``, an error in the cell)."""
+    verdicts, code = {}, {}
     for check in checks:
         try:
             found = exercise_code(nb, check)
@@ -586,10 +199,22 @@ def check_notebook(nb: dict, checks: list[str], scratch: Path, *, timeout: float
             verdicts[check] = "missing"
         else:
             code[check] = found
+    return verdicts, code
+
+
+def check_notebook(nb: dict, checks: list[str], scratch: Path, *, timeout: float = 600, memory_gb: float = 8,
+                   seed: int | None = None, jailed: bool = True) -> dict[str, str]:
+    """The grader's own verdict on each exercise of ``nb`` that ``checks`` names: ``passed``,
+    ``failed: ...``, ``not attempted``, ``error: ...``, ``timeout`` or ``missing``. The checks run
+    here, with their random cases drawn from ``seed`` if given (``hidden_cases``); the student's
+    functions run in a sandbox under ``scratch`` (see :mod:`logitlab.course.sandbox`), jailed
+    unless ``jailed`` is false."""
     from . import checks as library
 
+    deadline = time.monotonic() + timeout
+    verdicts, code = _exercises(nb, checks)
     imports = set().union(*(_imported(statements) for statements, _, _ in code.values()))
-    imports |= {f.__module__ for check in code for f in getattr(getattr(library, check, None), "asks_for", ())}
+    allowed = {function_name(f) for check in code for f in getattr(getattr(library, check, None), "allows", ())}
     sandbox = None
     try:
         for check, (statements, own, argument) in code.items():
@@ -598,8 +223,8 @@ def check_notebook(nb: dict, checks: list[str], scratch: Path, *, timeout: float
                 continue
             try:
                 if sandbox is None or not sandbox.alive:  # a fresh one after one that ended
-                    sandbox = Sandbox(scratch / check, imports, memory_gb, deadline)
-                verdicts[check] = _verdict(sandbox, check, statements, own, argument)
+                    sandbox = Sandbox(scratch / check, imports, allowed, memory_gb, deadline, jailed=jailed)
+                verdicts[check] = _verdict(sandbox, check, statements, own, argument, seed)
             except SandboxTimeout:
                 verdicts[check] = "timeout"
             except ProcessEnded as error:
@@ -652,26 +277,47 @@ def read_submission(path: Path) -> tuple[dict | None, str]:
     return nb, ""
 
 
-def run_submission(path: Path, scratch: Path, timeout: float, memory_gb: float) -> tuple[dict | None, str]:
-    """Run one submission in ``scratch``; return (the executed notebook as JSON or None, a note)."""
-    scratch.mkdir(parents=True)
-    copy = scratch / "submission.ipynb"
-    shutil.copy(path, copy)
-    command = [sys.executable, "-m", "logitlab.course.grade", "--run-one", str(copy), "--cell-timeout", str(int(timeout))]
-    # HOME is the scratch folder too, so that a notebook's files in ~ land there; the model cache
-    # stays the grader's, so that no notebook dequantises the model again.
+def _notebook_env(scratch: Path, jailed: bool) -> dict[str, str]:
+    """The environment of a notebook's run: HOME and the temporary folder in its scratch folder
+    (a notebook's files in ~ land there), the network off for the model hub and pip, the grader's
+    model cache (read-only in the jail: no notebook dequantises the model again) and a copy of
+    matplotlib's font list (not rebuilt per notebook)."""
     import matplotlib
 
     from ..models import cache_dir
 
-    env = {**os.environ, **OFFLINE, "HOME": str(scratch), "LOGITLAB_CACHE": str(cache_dir()),
-           "MPLCONFIGDIR": matplotlib.get_configdir()}  # its font cache, not rebuilt per notebook
+    fonts = scratch / ".matplotlib"
+    fonts.mkdir()
+    for cached in Path(matplotlib.get_cachedir()).glob("fontlist-*.json"):
+        shutil.copy(cached, fonts)
+    env = {**OFFLINE, "HOME": str(scratch), "TMPDIR": str(scratch), "LOGITLAB_CACHE": str(cache_dir()),
+           "MPLCONFIGDIR": str(fonts), "MPLBACKEND": "Agg"}
+    if not jailed:
+        return {**os.environ, **env}
+    return {**env, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+
+def run_submission(path: Path, scratch: Path, timeout: float, memory_gb: float, jailed: bool = True) -> tuple[dict | None, str]:
+    """Run one submission in ``scratch`` (jailed, see :mod:`logitlab.course.jail`, unless ``jailed``
+    is false); return (the executed notebook as JSON or None, a note)."""
+    from . import jail
+    from ..models import cache_dir
+
+    scratch.mkdir(parents=True)
+    copy = scratch / "submission.ipynb"
+    shutil.copy(path, copy)
+    env = _notebook_env(scratch, jailed)
+    command = [sys.executable, "-m", "logitlab.course.grade", "--run-one", str(copy), "--cell-timeout", str(int(timeout))]
+    if jailed:
+        package = Path(__file__).resolve().parents[1]
+        command = jail.command(command, scratch=scratch, readable=[*jail.python_paths(), package, cache_dir()],
+                               hidden=hidden_files(), env=env)
     child = subprocess.Popen(command, cwd=scratch, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, preexec_fn=_limits(int(memory_gb * 2**30)))
+                             stderr=subprocess.STDOUT, preexec_fn=limits(int(memory_gb * 2**30)))
     try:
         log, note = child.communicate(timeout=timeout)[0], ""
     except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)  # the kernel too: it is in the child's process group
+        os.killpg(child.pid, signal.SIGKILL)  # the kernel too: its process group, and the jail's namespace
         log, note = child.communicate()[0], f"timed out after {timeout:.0f} s"
     executed = read_submission(copy)[0]
     if executed is None:
@@ -688,14 +334,14 @@ def _failure(returncode, log: bytes) -> str:
 
 def grade_row(student: str, verdicts: dict | None, executed: dict | None, note: str, checks: list[str]) -> dict:
     """One row of the grade sheet: the grader's ``verdicts``, less what the notebook's own run
-    (``executed``) takes away."""
+    (``executed``, None where it was not run) takes away."""
     row = {"student": student}
-    if verdicts is None or executed is None:
+    if verdicts is None:
         return row | {check: "not graded" for check in checks} | {"passed": 0, "note": note}
-    cells = exercise_cells(executed)
+    cells = exercise_cells(executed) if executed is not None else {}
     for check in checks:
         row[check] = verdicts[check]
-        if row[check] != "missing":
+        if row[check] != "missing" and executed is not None:
             index = cells.get(check)
             cell = executed["cells"][index] if index is not None else {}
             row[check] = notebook_status(cell, "timed out" in note) or row[check]
@@ -705,41 +351,90 @@ def grade_row(student: str, verdicts: dict | None, executed: dict | None, note: 
     return row | {"passed": sum(row[c] == "passed" for c in checks), "note": note}
 
 
-def grade(folder: Path, out: Path, *, timeout: float = 600, memory_gb: float = 8, checks: list[str] | None = None,
-          keep: Path | None = None) -> list[dict]:
-    """Grade every notebook under ``folder`` into the CSV ``out``; return the rows. The exercise
-    columns are ``checks`` if given, else every check any submission calls, in notebook order.
-    ``timeout`` (seconds) bounds the checking of one notebook's answers and, separately, its run;
-    ``keep``, a folder, keeps each notebook as its run left it (to read what it printed)."""
+# A class at once: one worker process per core, each grading whole notebooks.
+
+def _start_worker() -> None:
+    torch.set_num_threads(1)  # one core per worker: the workers fill the machine
+
+
+def _check_job(job) -> tuple[dict | None, float]:
+    nb, columns, scratch, timeout, memory_gb, seed, jailed = job
+    start = time.monotonic()
+    found = check_notebook(nb, columns, scratch, timeout=timeout, memory_gb=memory_gb, seed=seed,
+                           jailed=jailed) if nb else None
+    return found, time.monotonic() - start
+
+
+def _run_job(job) -> tuple[dict | None, str, float]:
+    path, nb, note, scratch, timeout, memory_gb, jailed = job
+    start = time.monotonic()
+    executed, note = run_submission(path, scratch, timeout, memory_gb, jailed) if nb else (None, note)
+    return executed, note, time.monotonic() - start
+
+
+def _in_parallel(function, jobs: list, workers: int, desc: str) -> list:
+    """``[function(job) for job in jobs]``, on ``workers`` processes (here, for one), in order."""
+    from concurrent.futures import ProcessPoolExecutor
+    import multiprocessing
+
     from tqdm.auto import tqdm
+
+    if workers == 1:
+        return [function(job) for job in tqdm(jobs, desc=desc, unit="notebook")]
+    # spawn, not fork: a forked copy of a process that has run torch's thread pools can hang
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker) as pool:
+        return list(tqdm(pool.map(function, jobs), total=len(jobs), desc=desc, unit="notebook"))
+
+
+def grade(folder: Path, out: Path, *, timeout: float = 600, memory_gb: float = 8, checks: list[str] | None = None,
+          keep: Path | None = None, run: bool = False, workers: int | None = None, seed: int | None = None,
+          jailed: bool = True, counted=None, roster=None) -> list[dict]:
+    """Grade every notebook under ``folder`` into the CSV ``out`` (:func:`gradebook.write_sheet`:
+    each exercise's verdict and points, the total of the ``counted`` ones, a ``roster``'s names);
+    return the rows. The exercise columns are ``checks`` if given, else every exercise's check any
+    submission calls, in notebook order.
+    Every notebook's answers are checked first, ``workers`` notebooks at a time (default: one per
+    core), with the checks' random cases drawn from ``seed`` (default: a new secret one per run);
+    ``run`` then runs each notebook, which can only take points away. ``timeout`` (seconds)
+    bounds the checking of one notebook's answers and, separately, its run; ``keep``, a folder,
+    keeps each notebook as its run left it. ``jailed`` false grades without the operating-system
+    sandbox (trusted notebooks only). The sheet is written once every sandbox has ended."""
+    import secrets
+
+    from . import jail
 
     submissions = sorted(folder.rglob("*.ipynb"))
     if not submissions:
         raise ValueError(f"no .ipynb notebook under {folder}")
+    if jailed:
+        jail.check()
+    workers = workers or os.cpu_count() or 1
+    if not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be a positive number of processes, got {workers!r}")
+    seed = secrets.randbelow(2**62) if seed is None else seed
     read = [read_submission(path) for path in submissions]
-    columns = checks or list(dict.fromkeys(c for nb, _ in read if nb for c in exercise_cells(nb)))
-    verdicts, runs = [], []
+    known = set(known_checks())
+    columns = checks or list(dict.fromkeys(c for nb, _ in read if nb for c in exercise_cells(nb) if c in known))
+    if not columns:
+        raise ValueError(f"no notebook under {folder} calls the check of an exercise")
+    points = exercise_points(columns)
+    counted_checks(columns, points, counted)  # a wrong choice stops the grading before it starts
     with tempfile.TemporaryDirectory(prefix="logitlab-grade-") as root:
-        # Every answer is checked before any notebook runs: no submission's code has run freely yet.
-        for number, (nb, _) in enumerate(tqdm(read, desc="checking", unit="notebook")):
-            start = time.monotonic()
-            found = check_notebook(nb, columns, Path(root) / f"{number}-check", timeout=timeout,
-                                   memory_gb=memory_gb) if nb else None
-            verdicts.append((found, time.monotonic() - start))
-        for number, (path, (nb, note)) in enumerate(tqdm(list(zip(submissions, read)), desc="running", unit="notebook")):
-            start = time.monotonic()
-            executed, note = run_submission(path, Path(root) / str(number), timeout, memory_gb) if nb else (None, note)
-            runs.append((executed, note, time.monotonic() - start))
+        verdicts = _in_parallel(_check_job, [(nb, columns, Path(root) / f"{n}-check", timeout, memory_gb, seed, jailed)
+                                             for n, (nb, _) in enumerate(read)], workers, "checking")
+        if run:
+            runs = _in_parallel(_run_job, [(path, nb, note, Path(root) / str(n), timeout, memory_gb, jailed)
+                                           for n, (path, (nb, note)) in enumerate(zip(submissions, read))], workers, "running")
+        else:
+            runs = [(None, note, 0.0) for _, note in read]
+        for path, (executed, _, _) in zip(submissions, runs):
             if keep is not None and executed is not None:
                 kept = keep / path.relative_to(folder)
                 kept.parent.mkdir(parents=True, exist_ok=True)
                 kept.write_text(json.dumps(executed, indent=1))
     rows = [grade_row(path.stem, found, executed, note, columns) | {"seconds": round(checking + running, 1)}
             for path, (found, checking), (executed, note, running) in zip(submissions, verdicts, runs)]
-    with open(out, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["student", *columns, "passed", "seconds", "note"])
-        writer.writeheader()
-        writer.writerows(rows)
+    write_sheet(rows, columns, points, out, counted=counted, roster=roster)
     return rows
 
 
@@ -750,8 +445,28 @@ def main(argv=None) -> None:
     parser.add_argument("--timeout", type=float, default=600,
                         help="seconds per notebook, for checking its answers and again for running it (default 600)")
     parser.add_argument("--memory-gb", type=float, default=8, help="memory per notebook in GiB (default 8)")
+    parser.add_argument("--run", action="store_true",
+                        help="also run every notebook from top to bottom (slow; it can only take points away)")
+    parser.add_argument("--workers", type=int, help="notebooks graded at once (default: one per core)")
+    parser.add_argument("--seed", type=int, help="the checks' hidden seed (default: a new secret one; give one to repeat a grading)")
+    parser.add_argument("--no-jail", action="store_true",
+                        help="grade without the operating-system sandbox (bubblewrap): for trusted notebooks only")
     parser.add_argument("--keep-executed", type=Path, metavar="FOLDER",
-                        help="keep each notebook as its run left it, in FOLDER (what it printed is not graded)")
+                        help="with --run: keep each notebook as its run left it, in FOLDER (what it printed is not graded)")
+    marks = parser.add_argument_group("where the grades go (points: the teacher's guide's, all or nothing per check)")
+    marks.add_argument("--chapter", help="the chapter graded (e.g. 01_logits_and_temperature): its exercises are the "
+                       "columns, even one whose cell a student deleted (default: the checks the notebooks call)")
+    marks.add_argument("--count", metavar="CHECKS", help="the exercises that count, e.g. check_softmax,check_top_k (default: all)")
+    marks.add_argument("--roster", type=Path, help="a CSV naming each notebook's student (columns: file, name, id, sis_id, "
+                       "login, section, email; see logitlab.course.gradebook.read_roster)")
+    marks.add_argument("--assignment", help="the assignment's name in Canvas or Moodle (default: the folder's name)")
+    marks.add_argument("--assignment-id", help="an existing Canvas assignment's id (the number in its address)")
+    marks.add_argument("--canvas", type=Path, metavar="CSV", help="also write a Canvas gradebook import file")
+    marks.add_argument("--moodle", type=Path, metavar="CSV", help="also write a Moodle grade import file")
+    marks.add_argument("--moodle-identifier", default="username", choices=["username", "email", "idnumber"],
+                       help="the Moodle column that identifies a student (default: username)")
+    marks.add_argument("--gradescope", type=Path, metavar="JSON",
+                       help="write Gradescope's results.json (one notebook: what run_autograder calls)")
     parser.add_argument("--run-one", type=Path, help=argparse.SUPPRESS)  # the child's side
     parser.add_argument("--cell-timeout", type=int, default=600, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -761,11 +476,42 @@ def main(argv=None) -> None:
         parser.error(f"folder must be a folder of returned notebooks, got {args.folder}")
     if args.timeout <= 0 or args.memory_gb <= 0:
         parser.error("--timeout and --memory-gb must be positive")
+    from .jail import JailUnavailable
+
     try:
-        rows = grade(args.folder, args.out, timeout=args.timeout, memory_gb=args.memory_gb, keep=args.keep_executed)
+        from .gradebook import chapter_points
+
+        checks = list(chapter_points(args.chapter)) if args.chapter else None
+        rows = grade(args.folder, args.out, checks=checks, timeout=args.timeout, memory_gb=args.memory_gb, keep=args.keep_executed,
+                     run=args.run, workers=args.workers, seed=args.seed, jailed=not args.no_jail,
+                     counted=args.count, roster=args.roster)
+        for note in export(rows, args):
+            print(note)
+    except JailUnavailable as error:
+        parser.exit(2, f"{parser.prog}: error: {error}; or pass --no-jail to grade trusted notebooks without it\n")
     except ValueError as error:
         parser.error(str(error))
     print(f"{len(rows)} notebooks graded into {args.out}")
+
+
+def export(rows: list[dict], args) -> list[str]:
+    """Write the exports the command line asks for; return what they have to say (students left out, ...)."""
+    from .gradebook import checks_of, write_canvas, write_moodle
+    from .gradescope import write_gradescope
+
+    columns = checks_of(rows)
+    points = exercise_points(columns)
+    assignment = args.assignment or args.folder.resolve().name
+    notes = []
+    if args.gradescope:
+        write_gradescope(rows, counted_checks(columns, points, args.count), points, args.gradescope)
+    if args.canvas:
+        notes += write_canvas(rows, columns, points, args.canvas, assignment=assignment, assignment_id=args.assignment_id,
+                              counted=args.count, roster=args.roster).notes
+    if args.moodle:
+        notes += write_moodle(rows, columns, points, args.moodle, assignment=assignment, identifier=args.moodle_identifier,
+                              counted=args.count, roster=args.roster).notes
+    return notes
 
 
 if __name__ == "__main__":

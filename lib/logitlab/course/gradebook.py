@@ -65,6 +65,11 @@ def _code_exercises(data: dict) -> dict[str, dict]:
     return {e["check"]: e for chapter in data.values() for e in chapter["exercises"] if e["kind"] == "code"}
 
 
+def known_checks() -> list[str]:
+    """Every check that grades an exercise of exercises.yml, in book order."""
+    return list(_code_exercises(exercise_data()))
+
+
 def exercise_points(checks) -> dict[str, int]:
     """``{check: points}`` for the checks named in ``checks`` (``check_softmax``, ...), in that
     order: what passing each check earns, all or nothing."""

@@ -78,11 +78,14 @@ def otter_master(chapter: nbformat.NotebookNode, points: dict[str, int]) -> nbfo
 
 
 def guide_points(chapter_name: str) -> dict[str, tuple[str, int]]:
-    """``{check name: (exercise label, points)}`` of a chapter's code exercises, from the guide."""
-    data = yaml.safe_load((Path(__file__).resolve().parents[1] / "data" / "exercises.yml").read_text())
-    if chapter_name not in data:
-        raise ValueError(f"no chapter {chapter_name!r} in the teacher's guide: one of {', '.join(data)}")
-    return {e["check"]: (e["label"], e["points"]) for e in data[chapter_name]["exercises"] if e["kind"] == "code"}
+    """``{check name: (exercise label, points its check earns)}`` of a chapter's code exercises,
+    from the guide (:func:`logitlab.course.gradebook.chapter_points`: where a rubric gives part
+    of an exercise to a written answer, the check earns only its share)."""
+    from .gradebook import chapter_points, exercise_data
+
+    points = chapter_points(chapter_name)
+    return {e["check"]: (e["label"], points[e["check"]]) for e in exercise_data()[chapter_name]["exercises"]
+            if e["kind"] == "code"}
 
 
 def main(argv=None) -> None:

@@ -7,12 +7,12 @@ import math
 
 import torch
 
-from ...watermark.green_list import detect
+from ...watermark.green_list import detect, green_mask
 from ...watermark.synthid import tournament_probs
 from .common import CheckFailed, asks_for, call_unchanged, case_generator
 
 
-@asks_for(detect)
+@asks_for(detect, allows=(green_mask,))  # the exercise gives green_mask
 def check_green_z_score(fn) -> None:
     """Check ``fn(tokens, vocab_size, gamma, key) -> float`` (chapter 12): the z-score of the
     green list's detector for a list of token ids, each distinct (previous, token) pair scored

@@ -1,5 +1,5 @@
 """What the checks of several chapters share: the failure they raise, how they call a student's
-function (with the library's own answer out of reach) and how they write tensors and lists into
+function (watching that it runs no library code its exercise does not allow) and how they write tensors and lists into
 their messages."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import contextlib
 import copy
 import functools
 import inspect
+import sys
 
 import torch
 
@@ -17,47 +18,92 @@ class CheckFailed(AssertionError):
 
 
 class LibraryCalled(BaseException):
-    """Raised inside a student's function that called a library function its exercise asks
-    for. A BaseException, so that a student's ``except Exception`` cannot swallow it."""
+    """Raised when the library's own code ran inside a student's function where its exercise
+    does not allow it (``args[0]``: the function that ran). A BaseException, so that a
+    student's ``except Exception`` cannot swallow it."""
 
 
-def _forbidden_call(*args, **kwargs):
-    # Runs with the globals of the library module it replaces a function of: it can only reach
-    # this module through __import__.
-    raise __import__("logitlab.course.checks.common", fromlist=["LibraryCalled"]).LibraryCalled()
-
-
-# The library functions the running check compares against: its exercise asks for them.
-_forbidden: list = []
+# While a check runs: the library functions its exercise allows a student's function to call.
+_allowed: list = []
 
 
 @contextlib.contextmanager
-def own_work(*functions):
-    """While a check runs, a call of any of ``functions`` from inside the student's function
-    (directly, under another name, or through another ``ll.*`` function that uses it) fails with
-    a message saying that the exercise asks for the student's own implementation. The check's
-    own reference calls, made outside the student's function, are not affected."""
-    _forbidden[:] = [inspect.unwrap(f) for f in functions]  # decorated: the function doing the work
+def own_work(*allowed):
+    """While a check runs, a student's function may run no code of the library (``logitlab``)
+    except ``allowed`` (function objects) and what they call: not the function the exercise asks
+    for, under any name (``ll.softmax``, a copy, ``ll.log_softmax(x).exp()``), nor any other.
+    The check's own reference calls, made outside the student's function, are not affected."""
+    _allowed[:] = [inspect.unwrap(f) for f in allowed]  # decorated: the function doing the work
     try:
         yield
     finally:
-        _forbidden.clear()
+        _allowed.clear()
 
 
-def asks_for(*functions):
+def asks_for(*functions, allows=()):
     """Decorator of a check whose exercise asks for the library ``functions`` (the function
-    objects, e.g. ``probs.softmax``): the check runs under :func:`own_work` of them."""
+    objects, e.g. ``probs.softmax``; named in the check's documentation and messages): while the
+    check runs, a student's function may call no library code but ``allows``."""
 
     def decorate(check):
         @functools.wraps(check)
         def checked(*args, **kwargs):
-            with own_work(*functions):
+            with own_work(*allows):
                 return check(*args, **kwargs)
 
-        checked.asks_for = functions  # the grader's sandbox imports their modules before it locks
+        checked.asks_for, checked.allows = functions, allows  # the grader sends the allowed ones to its sandbox
         return checked
 
     return decorate
+
+
+def library_tracer(allowed_codes, armed: list, on_library, package: str = "logitlab", exempt=frozenset()):
+    """A trace function for :func:`sys.settrace` that calls ``on_library(name)`` when a function of
+    ``package`` starts while ``armed[0]`` is true, unless one of the frames it runs under (itself
+    included) runs a code object of ``allowed_codes``, or its module is in ``exempt``.
+
+    Tracing sees the code that runs, whatever name it was reached by: a function imported under
+    another name, a copy of its code, another library function that uses it. It looks only at
+    function starts ("call" events) and returns None, so that no line of any frame is traced.
+    Everything it uses is bound here, so that changing builtins later cannot change it (the
+    grader's sandbox relies on that)."""
+    get, startswith, is_str, str_type = dict.get, str.startswith, isinstance, str
+
+    def trace(frame, event, arg):
+        if not armed[0] or event != "call":
+            return None
+        name = get(frame.f_globals, "__name__")
+        if not is_str(name, str_type) or not startswith(name, package) or name in exempt:
+            return None
+        outer = frame
+        while outer is not None:
+            if outer.f_code in allowed_codes:
+                return None
+            outer = outer.f_back
+        on_library(f"{name}.{frame.f_code.co_name}")
+        return None
+
+    return trace
+
+
+@contextlib.contextmanager
+def library_watched():
+    """Run the body with :func:`library_tracer` on: a library function it runs that the current
+    check does not allow raises :class:`LibraryCalled` when the body ends."""
+    seen, armed = [], [True]
+    # Exempt: this module (leaving the with-block resumes this generator before it is disarmed),
+    # and the grader's stand-in for a student's function, which calls it in its sandbox.
+    exempt = frozenset({"logitlab", __name__, "logitlab.course.sandbox", "logitlab.course.wire"})
+    trace = library_tracer(frozenset(f.__code__ for f in _allowed), armed, seen.append, exempt=exempt)
+    previous = sys.gettrace()
+    sys.settrace(trace)
+    try:
+        yield
+    finally:
+        armed[0] = False
+        sys.settrace(previous)
+    if seen:
+        raise LibraryCalled(seen[0])
 
 
 # The grader's seed for the checks' random cases, while it runs them (see hidden_cases).
@@ -104,25 +150,6 @@ def draw_float(generator: torch.Generator, low: float, high: float, digits: int)
     return round(low + (high - low) * u, digits)
 
 
-def _names() -> str:
-    return " or ".join(f"{f.__module__.replace('logitlab', 'll', 1)}.{f.__qualname__}" for f in _forbidden)
-
-
-@contextlib.contextmanager
-def library_out_of_reach():
-    # Swap each forbidden function's code for one that raises: every reference to the function
-    # object (ll.softmax, a name imported from logitlab.probs, the library's own internal calls)
-    # then fails, which replacing module attributes would not achieve.
-    saved = [(f, f.__code__) for f in _forbidden]
-    try:
-        for f, _ in saved:
-            f.__code__ = _forbidden_call.__code__
-        yield
-    finally:
-        for f, code in saved:
-            f.__code__ = code
-
-
 def show(t: torch.Tensor) -> str:
     """Small tensors written out (4 decimals), large ones by their shape."""
     if t.numel() > 12:
@@ -132,19 +159,20 @@ def show(t: torch.Tensor) -> str:
 
 
 def call(fn, case: str, *args):
-    """``fn(*args)``, with the functions of :func:`own_work` out of reach; an error it raises
+    """``fn(*args)``, watched for library code (:func:`library_watched`); an error it raises
     becomes a :class:`CheckFailed` naming ``case``, except ``NotImplementedError`` (an exercise
     not written yet), which goes through unchanged."""
     try:
-        with library_out_of_reach():
+        with library_watched():
             return fn(*args)
     except NotImplementedError:
         raise
-    except LibraryCalled:
+    except LibraryCalled as called:
+        name = str(called.args[0]).replace("logitlab", "ll", 1) if called.args else "the library"
         raise CheckFailed(
-            f"{case}: your function called {_names()}, the library's own answer to this exercise. "
-            "The exercise asks for your own implementation: write it with torch (or plain Python) "
-            "operations instead.") from None
+            f"{case}: your function ran the library's own code ({name}). The exercise asks for your "
+            "own implementation: write it with torch (or plain Python) operations, and use the "
+            "library only where the exercise says so.") from None
     except Exception as exc:  # the student's error, reported with the case that caused it
         raise CheckFailed(f"{case}: your function raised {type(exc).__name__}: {exc}") from exc
 
