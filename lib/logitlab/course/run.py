@@ -158,7 +158,8 @@ installs the library from this repository), write your code where a cell says
   serve it from this folder);
 - `lib/logitlab/`: the library the chapters use (`pip install "logitlab @ git+{url}@{ref}"`). Its checks
   (`ll.checks`) compare your answers with the library's own implementations, and refuse an answer
-  that calls the library function the exercise asks you to write.
+  that runs the library's code (the function the exercise asks you to write, or any other) where
+  the exercise does not give it.
 """
 SKIPPED = shutil.ignore_patterns("__pycache__", "*.pyc", "exercises.yml")  # the rubrics are answers
 

@@ -5,9 +5,12 @@ then the edge cases that catch real mistakes), compares with the library's refer
 either prints how many cases passed (and returns nothing) or raises :class:`CheckFailed` describing the first case
 that differs, in words: the input, what was expected, what came back, and a hint.
 
-While the student's function runs, the library function that the exercise asks for (and any
-``ll.*`` function that uses it) fails: an answer that hands the exercise back to the library is
-told so, in words, instead of passing (``common.asks_for``).
+While the student's function runs, the library's code is traced (``common.library_watched``):
+an answer that runs any library function its exercise does not give (the one it asks for, under
+any name, or another) is told so, in words, naming the function, instead of passing.
+
+Under ``common.hidden_cases(seed)`` (the grader), every check adds cases drawn from that seed to
+the ones a student sees, so that an answer that stores the visible answers fails.
 
 An exercise that has not been written yet (``raise NotImplementedError``) is not caught: the
 error goes through unchanged, so a student sees exactly which exercise is still open.
