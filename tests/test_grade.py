@@ -493,3 +493,12 @@ def test_a_table_of_the_visible_answers_passes_in_the_notebook_and_fails_the_gra
     assert check_notebook(nb, ["check_softmax"], tmp_path / "public", timeout=120, memory_gb=6) == {"check_softmax": "passed"}
     graded = check_notebook(nb, ["check_softmax"], tmp_path / "hidden", timeout=120, memory_gb=6, seed=2026)
     assert graded["check_softmax"].startswith("failed: Case 2 of 14 (a batch of random rows)"), graded  # drawn anew
+
+
+@needs_jail
+def test_an_honest_answer_may_import_library_modules_it_does_not_call(tmp_path):
+    """A notebook that imports a library module nobody had loaded yet (its body runs in the
+    sandbox, before the tracer starts) still has its honest answer graded."""
+    nb = json.loads(nbformat.writes(nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell(c) for c in [SETUP + "\nimport logitlab.spec_bench\nfrom logitlab.figures import viz", SOFTMAX]])))
+    assert check_notebook(nb, ["check_softmax"], tmp_path, timeout=120, memory_gb=6, seed=3) == {"check_softmax": "passed"}

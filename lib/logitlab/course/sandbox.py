@@ -129,11 +129,14 @@ def _lock_down(imports, allowed) -> None:
     sys.stdout = sys.stderr = quiet
     inside = [False]
     allowed_codes = frozenset(_resolve(name).__code__ for name in allowed)
-    sys.settrace(_tracer(allowed_codes, inside, 1))
+    tracer = _tracer(allowed_codes, inside, 1)
     sys.addaudithook(_audit_hook(inside))
-    for name in sorted(imports):
+    for name in sorted(imports):  # a library module among them runs its body: before the tracer
         with contextlib.suppress(BaseException):
             importlib.import_module(name)
+    inside[0] = True  # the hook refuses sys.settrace to everyone else
+    sys.settrace(tracer)
+    inside[0] = False
     _refuse_threads()
     sys.gettrace = lambda: None  # the tracer stays out of reach
     for module, name in [("_posixsubprocess", "fork_exec"), ("subprocess", "_fork_exec")]:
