@@ -124,12 +124,13 @@ def test_the_sheet_counts_only_the_chosen_exercises(tmp_path, points):
 def test_the_sheet_with_a_roster_marks_who_is_not_in_it_and_who_returned_nothing(tmp_path, points, roster):
     written = gb.write_sheet(ROWS, COLUMNS, points, tmp_path / "sheet.csv", roster=roster)
     assert lines(tmp_path / "sheet.csv") == (
-        "student,check_softmax,check_softmax points,check_gumbel_max,check_gumbel_max points,total,max,note\n"
-        "ada,passed,4,passed,4,8,8,\n"
-        'bob,"failed: softmax([1, 2], 1) is wrong",0,not attempted,0,0,8,\n'
-        "cy,not graded,0,not graded,0,0,8,not a valid notebook (JSON): Expecting value; not in the roster\n"
-        "eve,passed,4,missing,0,4,8,exercise cells deleted: check_gumbel_max\n"
-        "dee,no notebook,0,no notebook,0,0,8,no notebook returned: 0 points\n")
+        "student,name,id,sis_id,login,section,email,"
+        "check_softmax,check_softmax points,check_gumbel_max,check_gumbel_max points,total,max,note\n"
+        'ada,"Lovelace, Ada",101,S-1,alove,Section A,ada@uni.example,passed,4,passed,4,8,8,\n'
+        'bob,"Babbage, Charles",102,S-2,cbabb,Section B,,"failed: softmax([1, 2], 1) is wrong",0,not attempted,0,0,8,\n'
+        "cy,,,,,,,not graded,0,not graded,0,0,8,not a valid notebook (JSON): Expecting value; not in the roster\n"
+        'eve,"Eve, Alice",105,,ealic,Section B,eve@uni.example,passed,4,missing,0,4,8,exercise cells deleted: check_gumbel_max\n'
+        'dee,"Dee, John",104,S-4,jdee,Section A,dee@uni.example,no notebook,0,no notebook,0,0,8,no notebook returned: 0 points\n')
     assert (written.not_in_roster, written.no_notebook) == (("cy",), ("dee",))
     assert written.notes == ("sheet.csv: not in the roster, so kept, with no platform identity: cy",
                              "sheet.csv: in the roster but no notebook returned, so 0 points: dee")

@@ -188,13 +188,16 @@ def _scores(row: dict | None, chosen: list[str], points: dict) -> list[int]:
 
 
 def grade_sheet(rows: list[dict], columns: list[str], points: dict, *, counted=None, roster=None) -> list[dict]:
-    """One row per student: ``student`` (the file's name), each counted exercise's verdict and
+    """One row per student: ``student`` (the file's name), what the ``roster`` says of them (its
+    columns that hold anything: name, id, ...), each counted exercise's verdict and
     ``"<check> points"``, ``total``, ``max`` and ``note``."""
-    chosen = counted_checks(columns, points, counted)
-    pairs, not_in_roster, _ = _class_list(rows, _roster(roster))
+    chosen, roster = counted_checks(columns, points, counted), _roster(roster)
+    pairs, not_in_roster, _ = _class_list(rows, roster)
+    # Who each student is, as far as the roster says: its columns beside the file's name.
+    known = [c for c in ROSTER_COLUMNS if c != "file" and roster and any(who.get(c) for who in roster.values())]
     sheet = []
     for identity, row in pairs:
-        line, scores = {"student": identity["file"]}, _scores(row, chosen, points)
+        line, scores = {"student": identity["file"]} | {c: identity.get(c, "") for c in known}, _scores(row, chosen, points)
         for check, score in zip(chosen, scores):
             line |= {check: row.get(check, "missing") if row else NO_NOTEBOOK, f"{check} points": score}
         note = row.get("note", "") if row else "no notebook returned: 0 points"
