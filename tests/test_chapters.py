@@ -9,7 +9,9 @@ exercise is checked with its solution missing and present, in the state the note
 there, and the chapter runs to its end with every solution present, writing nothing to stderr
 (a warning or a log line) unless the cell is tagged ``shows-stderr``. The executed chapter (the
 outputs of the solutions) is written to ``$LOGITLAB_EXECUTED_DIR`` when it is set (``make test``
-builds the book from it), else to a temporary folder.
+builds the book from it), with the key of its sources, so that ``make book`` and ``make student``
+use it as it is (``logitlab.course.chapters``, which runs a chapter the same way); else to a
+temporary folder.
 
 A student's copy with a solution missing must also run to its end outside that exercise: no later
 cell may use a name that the exercise cell, or a cell removed from the student's copy, defines.
@@ -22,81 +24,28 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
-from logitlab.course.assignments import BEGIN, strip_code_solutions
+from logitlab.course.chapters import (WIDGET_CELL_TIMEOUT, execute, is_exercise, record, sources_key, timeout_for,
+                                      up_to_date)
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
-CELL_TIMEOUT = 600  # seconds; a chapter takes 30 s to 2 min on the 2-core CPU
-WIDGET_CELL_TIMEOUT = 20  # the cells that make a widget take under 2 s (1.9 s at most in two full runs)
-
-
-def timeout_for(cell) -> int:
-    """After a cell that makes a widget, nbclient sometimes waited for the kernel's reply until the
-    cell's timeout, then went on: chapter 8 lost exactly 600 s after its widget cell in two full
-    `make test` runs, and 60 s (the timeout then) in a third. The likely cause, a reply the kernel
-    failed to send (ipykernel 7's shell channel), is gone with ipykernel 6 (requirements.txt); a
-    short timeout for those cells still bounds the loss if it comes back."""
-    return WIDGET_CELL_TIMEOUT if "ll.widgets." in cell.source else CELL_TIMEOUT
-
-
-def is_exercise(cell) -> bool:
-    return cell.cell_type == "code" and BEGIN in cell.source
+CELL_TIMEOUT = 600  # seconds: a hang fails the test (a chapter takes 30 s to 2 min on the 2-core CPU)
 
 
 def is_removed(cell) -> bool:  # a code cell the student's copy leaves out
     return cell.cell_type == "code" and "solution" in cell.get("metadata", {}).get("tags", [])
 
 
-def errors(cell) -> list:
-    return [o for o in cell.get("outputs", []) if o.output_type == "error"]
-
-
-def stray_lines(cell) -> list[str]:
-    """What the cell wrote to stderr (warnings, log lines), unless the cell is tagged
-    ``shows-stderr``: a page must not show a warning the book did not mean to show."""
-    if "shows-stderr" in cell.get("metadata", {}).get("tags", []):
-        return []
-    text = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.output_type == "stream" and o.name == "stderr")
-    return [line for line in text.splitlines() if line.strip()]
-
-
-def execute(path: Path, out_dir: Path) -> list[str]:
-    """Run chapter ``path`` in ``out_dir`` as the module docstring says; write the executed copy
-    there and return what went wrong, one line per problem."""
-    nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout_func=timeout_for, kernel_name="python3", allow_errors=True,
-                            resources={"metadata": {"path": str(out_dir)}})
-    problems, number = [], 0  # number: the chapter's own cells, as Jupyter would count them
-    with client.setup_kernel():
-        info = client.wait_for_reply(client.kc.kernel_info())
-        nb.metadata["language_info"] = info["content"]["language_info"]
-        for index, cell in enumerate(nb.cells):
-            if cell.cell_type != "code":
-                continue
-            if is_exercise(cell):
-                student = nbformat.v4.new_code_cell(strip_code_solutions(cell.source)[0])
-                client.execute_cell(student, index, store_history=False)
-                found = [f"{e.ename}: {e.evalue}" for e in errors(student)]
-                if [e.ename for e in errors(student)] != ["NotImplementedError"]:
-                    problems.append(f"cell {index}, the student's version: expected NotImplementedError, got {found}")
-            number += 1
-            client.execute_cell(cell, index, execution_count=number)
-            for e in errors(cell):
-                problems.append(f"cell {index}: {e.ename}: {e.evalue.splitlines()[0] if e.evalue else ''}")
-            problems += [f"cell {index} wrote to stderr: {line[:200]}" for line in stray_lines(cell)[:3]]
-        client.set_widgets_metadata()  # the widgets' state, which the website embeds (as nbclient's execute does)
-    nbformat.write(nb, out_dir / path.name)
-    return problems
-
-
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
 def test_chapter_runs_with_and_without_each_solution(path, tmp_path):
     out_dir = Path(os.environ.get("LOGITLAB_EXECUTED_DIR", tmp_path))
     out_dir.mkdir(parents=True, exist_ok=True)
-    problems = execute(path, out_dir)
+    key = sources_key(path)
+    problems = execute(path, out_dir, CELL_TIMEOUT)
     assert not problems, f"{path.name}:\n" + "\n".join(problems)
+    if out_dir != tmp_path and key == sources_key(path):  # make book and make student keep it
+        record(path, out_dir, key)
 
 
 def top_level_names(source: str) -> set[str]:
@@ -142,8 +91,32 @@ def test_the_cells_that_make_widgets_get_the_short_timeout():
     widget_cells = [cell for path in CHAPTERS for cell in nbformat.read(path, as_version=4).cells
                     if cell.cell_type == "code" and "widgets." in cell.source]
     assert len(widget_cells) >= 10  # one per chapter but the last
-    assert all(timeout_for(cell) == WIDGET_CELL_TIMEOUT for cell in widget_cells)
-    assert timeout_for(nbformat.v4.new_code_cell("x = 1")) == CELL_TIMEOUT
+    assert all(timeout_for(cell, CELL_TIMEOUT) == WIDGET_CELL_TIMEOUT for cell in widget_cells)
+    assert timeout_for(nbformat.v4.new_code_cell("x = 1"), CELL_TIMEOUT) == CELL_TIMEOUT
+    assert timeout_for(nbformat.v4.new_code_cell("x = 1")) is None  # the book's build: no limit
+
+
+def test_an_executed_chapter_is_kept_until_its_sources_change(tmp_path, monkeypatch):
+    """make book and make student execute a chapter again only when the chapter, the library or
+    the pins changed since its last run that passed."""
+    from logitlab.course import chapters
+
+    chapter = tmp_path / "01_x.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")]), chapter)
+    out = tmp_path / "executed"
+    out.mkdir()
+    assert not up_to_date(chapter, out)
+    (out / chapter.name).write_text("{}")
+    record(chapter, out, sources_key(chapter))
+    assert up_to_date(chapter, out)
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 2")]), chapter)
+    assert not up_to_date(chapter, out)  # the chapter changed
+    record(chapter, out, sources_key(chapter))
+    monkeypatch.setattr(chapters, "_library_digest", lambda: "another library")
+    assert not up_to_date(chapter, out)  # the library changed
+    (out / chapter.name).unlink()
+    monkeypatch.undo()
+    assert not up_to_date(chapter, out)  # no executed copy
 
 
 def test_a_notebook_runs_as_a_test_under_nbmake(tmp_path):
