@@ -417,7 +417,9 @@ def test_run_autograder_leaves_a_results_json_when_the_grader_fails(tmp_path):
 
 
 def test_the_command_writes_the_zip_from_the_books_own_settings(tmp_path, capsys):
-    url, ref = gs.repository()
+    from logitlab.course.run import release, repository
+
+    url, ref = repository(), release()
     config = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]
     assert (url, ref) == (config["url"], config["branch"])
     gs.main(["--chapter", CHAPTER, "--out", str(tmp_path / "a.zip")])

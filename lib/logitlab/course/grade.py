@@ -51,7 +51,7 @@ from pathlib import Path
 import torch
 
 from .gradebook import counted_checks, exercise_points, known_checks, write_sheet
-from .sandbox import (DefinitionError, ProcessEnded, Sandbox, SandboxTimeout, function_name, hidden_files,
+from .sandbox import (DefinitionError, ProcessEnded, Sandbox, SandboxTimeout, function_name, jailed_python,
                       limits)
 
 CHECK_CALL = re.compile(r"\bll\.checks\.(check_\w+)\(")
@@ -300,18 +300,13 @@ def _notebook_env(scratch: Path, jailed: bool) -> dict[str, str]:
 def run_submission(path: Path, scratch: Path, timeout: float, memory_gb: float, jailed: bool = True) -> tuple[dict | None, str]:
     """Run one submission in ``scratch`` (jailed, see :mod:`logitlab.course.jail`, unless ``jailed``
     is false); return (the executed notebook as JSON or None, a note)."""
-    from . import jail
-    from ..models import cache_dir
-
     scratch.mkdir(parents=True)
     copy = scratch / "submission.ipynb"
     shutil.copy(path, copy)
     env = _notebook_env(scratch, jailed)
     command = [sys.executable, "-m", "logitlab.course.grade", "--run-one", str(copy), "--cell-timeout", str(int(timeout))]
     if jailed:
-        package = Path(__file__).resolve().parents[1]
-        command = jail.command(command, scratch=scratch, readable=[*jail.python_paths(), package, cache_dir()],
-                               hidden=hidden_files(), env=env)
+        command = jailed_python(command, scratch, env, Path(env["LOGITLAB_CACHE"]))  # the model, read-only
     child = subprocess.Popen(command, cwd=scratch, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, preexec_fn=limits(int(memory_gb * 2**30)))
     try:

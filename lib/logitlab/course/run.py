@@ -37,6 +37,7 @@ import nbformat
 import yaml
 
 from .assignments import BEGIN, END, make_student_versions
+from .gradebook import EXERCISES, exercise_data
 
 ROOT = Path(__file__).resolve().parents[3]
 REPO_LINE = re.compile(r'^REPO = "[^"]*"', re.M)
@@ -74,12 +75,18 @@ def check_release(ref: str) -> str:
     return ref
 
 
+def check_url(url: str) -> str:
+    """``url`` if it looks like a repository's address (``https://github.com/OWNER/NAME``), else ``ValueError``."""
+    if not isinstance(url, str) or not re.fullmatch(r"https://[\w.-]+/[\w.-]+/[\w.-]+", url):
+        raise ValueError(f"the repository URL must look like https://github.com/OWNER/NAME, got {url!r}")
+    return url
+
+
 def point_chapters_at(url: str, chapters: Path, ref: str) -> list[Path]:
     """Write ``url`` and ``ref`` into the ``REPO = "..."`` and ``RELEASE = "..."`` lines of every
     chapter in ``chapters``; return the chapters that changed. A chapter whose first code cell lacks
     either line, or installs the library otherwise than from ``git+{REPO}@{RELEASE}``, is an error."""
-    if not re.fullmatch(r"https://[\w.-]+/[\w.-]+/[\w.-]+", url):
-        raise ValueError(f"the repository URL must look like https://github.com/OWNER/NAME, got {url!r}")
+    check_url(url)
     check_release(ref)
     changed = []
     for path in sorted(chapters.glob("*.ipynb")):
@@ -99,14 +106,10 @@ def point_chapters_at(url: str, chapters: Path, ref: str) -> list[Path]:
     return changed
 
 
-GUIDE_DATA = Path(__file__).resolve().parents[1] / "data" / "exercises.yml"
+GUIDE_DATA = EXERCISES  # the teacher's guide data: {chapter: {title, objectives, prerequisites, exercises}}
 GUIDE_PAGE = ROOT / "book" / "teachers_guide.md"
 DIFFICULTY = {1: "routine", 2: "needs thought", 3: "hard"}
-
-
-def exercises() -> dict:
-    """The teacher's guide data: ``{chapter: {title, objectives, prerequisites, exercises}}``."""
-    return yaml.safe_load(GUIDE_DATA.read_text())
+exercises = exercise_data
 
 
 def _chapter_section(number: int, name: str, chapter: dict) -> list[str]:

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from .wire import decode, encode, safe_name, write_back
 
+PACKAGE = Path(__file__).resolve().parents[1]  # the library's folder
 LIBRARY_RAN = 86  # the sandbox's exit status when the library's code ran inside a student's function
 
 _REFUSED = frozenset({
@@ -242,18 +243,14 @@ class Sandbox:
     LIMIT = 256 * 2**20  # bytes in one reply
 
     def __init__(self, scratch: Path, imports, allowed, memory_gb: float, deadline: float, *, jailed: bool = True):
-        from . import jail
-
         scratch.mkdir(parents=True, exist_ok=True)
         self.deadline = deadline
-        package = Path(__file__).resolve().parents[1]
-        boot = f"import sys; sys.path.insert(0, {str(package.parent)!r}); from logitlab.course.sandbox import serve; serve()"
+        boot = f"import sys; sys.path.insert(0, {str(PACKAGE.parent)!r}); from logitlab.course.sandbox import serve; serve()"
         env = {"HOME": str(scratch), "TMPDIR": str(scratch), "MPLBACKEND": "Agg", "PATH": "/usr/bin:/bin",
                "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "LANG": "C.UTF-8"}
         command = [sys.executable, "-I", "-B", "-c", boot]
         if jailed:
-            command = jail.command(command, scratch=scratch, readable=[*jail.python_paths(), package],
-                                   hidden=hidden_files(), env=env)
+            command = jailed_python(command, scratch, env)
         with open(scratch / "sandbox.log", "wb") as log:  # what the sandbox says before it is locked
             self.process = subprocess.Popen(command, cwd=scratch, env=env, stdin=subprocess.PIPE,
                                             stdout=subprocess.PIPE, stderr=log,
@@ -338,9 +335,14 @@ class Sandbox:
                 pipe.close()
 
 
-def hidden_files() -> list[Path]:
-    """Files inside the library that a jailed run must not read: the teacher's guide's rubrics."""
-    return [Path(__file__).resolve().parents[1] / "data" / "exercises.yml"]
+def jailed_python(command: list[str], scratch: Path, env: dict, *readable: Path) -> list[str]:
+    """``command``, a process of this Python, in the jail (:mod:`logitlab.course.jail`): it reads
+    Python, its packages, the library (the teacher's guide's rubrics hidden) and ``readable``, and
+    writes only ``scratch``."""
+    from . import jail
+
+    return jail.command(command, scratch=scratch, readable=[*jail.python_paths(), PACKAGE, *readable],
+                        hidden=[PACKAGE / "data" / "exercises.yml"], env=env)
 
 
 class Remote:

@@ -57,47 +57,36 @@ def check_beam_step(fn) -> None:
 
 @asks_for(beam_search)
 def check_backtrack(fn) -> None:
-    """Check ``fn(parents, tokens, beam)`` against the beams that ``ll.beam_search`` records (chapter 4)."""
-    from ...toy import toy_model
-
-    cases = []
-    for seed, (beams, steps) in enumerate([(1, 3), (2, 4), (3, 6), (4, 8)]):
-        model = toy_model(vocab_size=5, order=2, seed=seed)
-        history = beam_search(model, [[0]], num_beams=beams, max_new_tokens=steps, eos_token_id=[]).history
-        parents = [h.parents[0] for h in history]
-        tokens = [h.beams[0, :, -1] for h in history]
-        for beam in range(beams):
-            cases.append((f"{beams} beams after {steps} steps, beam {beam}", parents, tokens, beam,
-                          history[-1].beams[0, beam].tolist()))
+    """Check ``fn(parents, tokens, beam)`` against the beams that ``ll.beam_search`` records
+    (chapter 4): searches on toy models of fixed seeds, then on toy models drawn from the case
+    generator."""
+    cases = [(f"{beams} beams after {steps} steps, beam {beam}", *case)
+             for seed, (beams, steps) in enumerate([(1, 3), (2, 4), (3, 6), (4, 8)])
+             for beam, case in enumerate(_recorded(seed, beams, steps))]
     for number, (name, parents, tokens, beam, expected) in enumerate(cases, start=1):
         _compare_backtrack(fn, f"Case {number} of {len(cases)} ({name})", parents, tokens, beam, expected)
-    random = list(_random_backtrack_cases())
-    for number, (parents, tokens, beam) in enumerate(random, start=1):
+    gen = case_generator(5)
+    random = []
+    for _ in range(8):  # a search of random shape on a random toy model; one of its beams
+        beams = draw_int(gen, 1, 5)
+        recorded = _recorded(draw_int(gen, 0, 2**31), beams, draw_int(gen, 1, 9), vocab_size=draw_int(gen, 4, 12))
+        random.append(recorded[draw_int(gen, 0, beams)])
+    for number, (parents, tokens, beam, expected) in enumerate(random, start=1):
         where = f"parents {[p.tolist() for p in parents]}, tokens {[t.tolist() for t in tokens]}, beam {beam}"
-        _compare_backtrack(fn, f"Random case {number} of {len(random)} ({where})", parents, tokens, beam,
-                           _backtrack_reference(parents, tokens, beam))
+        _compare_backtrack(fn, f"Random case {number} of {len(random)} ({where})", parents, tokens, beam, expected)
     print(f"check_backtrack: all {len(cases)} cases passed, and {len(random)} random ones.")
 
 
-def _random_backtrack_cases(count: int = 8):
-    """(parents, tokens, beam) drawn from the case generator, shaped as ``beam_search`` records them:
-    at the first step every beam extends the prompt (parent 0), later a beam's parent is any beam."""
-    gen = case_generator(5)
-    for _ in range(count):
-        beams, steps, vocab = draw_int(gen, 1, 5), draw_int(gen, 1, 9), draw_int(gen, 2, 50)
-        parents = [torch.zeros(beams, dtype=torch.long)]
-        parents += [torch.randint(0, beams, (beams,), generator=gen) for _ in range(steps - 1)]
-        tokens = [torch.randint(0, vocab, (beams,), generator=gen) for _ in range(steps)]
-        yield parents, tokens, draw_int(gen, 0, beams)
+def _recorded(seed: int, beams: int, steps: int, vocab_size: int = 5) -> list[tuple]:
+    """``(parents, tokens, beam, expected)`` for each beam of ``ll.beam_search`` on a toy model:
+    the parents and last tokens it records at each step, and the beam's tokens at the end."""
+    from ...toy import toy_model
 
-
-def _backtrack_reference(parents, tokens, beam: int) -> list[int]:
-    """The tokens of ``beam`` at the last step, first step first: follow the parents backwards."""
-    out = []
-    for t in range(len(tokens) - 1, -1, -1):
-        out.append(int(tokens[t][beam]))
-        beam = int(parents[t][beam])
-    return out[::-1]
+    model = toy_model(vocab_size=vocab_size, order=2, seed=seed)
+    history = beam_search(model, [[0]], num_beams=beams, max_new_tokens=steps, eos_token_id=[]).history
+    parents = [h.parents[0] for h in history]
+    tokens = [h.beams[0, :, -1] for h in history]
+    return [(parents, tokens, beam, history[-1].beams[0, beam].tolist()) for beam in range(beams)]
 
 
 def _compare_backtrack(fn, label: str, parents, tokens, beam: int, expected: list[int]) -> None:
