@@ -41,6 +41,16 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=order)
 
 
+@pytest.fixture(scope="session")
+def smollm():
+    """The real model and its tokenizer on the CPU (fast path), loaded once per test process and
+    shared by every module that needs it (each module loading its own copy cost 2-5 s, a dozen
+    times per worker). A test that changes the model must undo the change."""
+    import logitlab as ll
+
+    return ll.load("smollm2-135m", device="cpu")
+
+
 @pytest.fixture
 def untraced(monkeypatch):
     """The checks without their library tracer, for tests that hand a check the library's own code

@@ -10,24 +10,21 @@ from logitlab import bench
 from logitlab.measure import timing
 
 
-@pytest.fixture(scope="module")
-def smollm():
-    import logitlab as ll
-
-    return ll.load("smollm2-135m", device="cpu")
-
-
 @pytest.fixture
 def small(monkeypatch, smollm):
     """The real model, with one prompt per prompt list and no warm-up round: the rows' code runs
     whole (every contender, the calibration, the checks that the greedy tokens agree) in a
     fraction of the time. This checks the rows, not the times."""
-    from logitlab.bench import drafting
+    from logitlab.bench import costmodel, drafting
 
     for name in ("DRAFT_PROMPTS", "CALIBRATION", "GROUNDED", "CALIBRATION_GROUNDED", "OPEN_ENDED"):
         monkeypatch.setattr(drafting, name, getattr(drafting, name)[:1])
     monkeypatch.setattr(drafting, "interleaved_median_times",
                         lambda fns, repeat=1, warmup=0: timing.interleaved_median_times(fns, repeat=1, warmup=0))
+    # The cost model's v(n) from one timed pass of each size, none to warm up (5 and 2 otherwise):
+    # its passes took half of the Spec-Bench rows' test.
+    monkeypatch.setattr(costmodel, "pass_times", lambda model, context, sizes, rounds: timing.pass_times(model, context, sizes, 1))
+    monkeypatch.setattr(timing, "WARMUP_ROUNDS", 0)
     return smollm
 
 

@@ -12,6 +12,7 @@ Run on its own (no fresh executed copies), it lets the build execute the chapter
 import os
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nbformat
@@ -37,21 +38,32 @@ def executed_this_run(chapter: Path) -> bool:
 
 
 @pytest.fixture(scope="module")
-def built_site():
+def builds():
+    """Both editions built from the executed chapters, at the same time: each build is one
+    process, most of it Sphinx on one core, so side by side they take little longer than one.
+    Without copies executed in this run, the book alone, executing its chapters."""
     chapters = sorted((ROOT / "chapters").glob("*.ipynb"))
     reuse = all(executed_this_run(c) for c in chapters)
     if os.environ.get("LOGITLAB_EXECUTED_SINCE"):  # set by `make test`
         assert reuse, f"tests/test_chapters.py did not execute the chapters into {EXECUTED}"
     out = website.assemble(EXECUTED if reuse else ROOT / "chapters", SITE, execute=not reuse)
-    return website.build(out), out / "_build" / "html", reuse
+    student = website.assemble(EXECUTED, STUDENT_SITE, student=True) if reuse else None
+    with ThreadPoolExecutor(2) as pool:
+        book, student_build = pool.submit(website.build, out), student and pool.submit(website.build, student)
+        return {"book": (book.result(), out / "_build" / "html", reuse),
+                "student": student_build and (student_build.result(), student / "_build" / "html")}
 
 
 @pytest.fixture(scope="module")
-def student_site(built_site):
-    if not built_site[2]:
+def built_site(builds):
+    return builds["book"]
+
+
+@pytest.fixture(scope="module")
+def student_site(builds):
+    if not builds["student"]:
         pytest.skip("the student edition is built from the chapters executed by `make test`")
-    out = website.assemble(EXECUTED, STUDENT_SITE, student=True)
-    return website.build(out), out / "_build" / "html"
+    return builds["student"]
 
 
 def test_book_builds_with_warnings_as_errors(built_site):

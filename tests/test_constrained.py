@@ -149,13 +149,9 @@ def test_bad_constraint_arguments_raise(kwargs, match):
 
 # -- The real vocabulary --------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def smollm2():
-    return ll.load("smollm2-135m", device="cpu")
 
-
-def test_vocabulary_bytes_decode_like_the_tokenizer(smollm2):
-    _, tokenizer = smollm2
+def test_vocabulary_bytes_decode_like_the_tokenizer(smollm):
+    _, tokenizer = smollm
     vocab = vocabulary_bytes(tokenizer)
     assert len(vocab) == len(tokenizer) and vocab[tokenizer.eos_token_id] is None
     checked = 0
@@ -188,7 +184,7 @@ def walk(dfa, state, data: bytes) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("pattern", ORACLE_PATTERNS)
-def test_allowed_sets_equal_outlines_core(smollm2, pattern):
+def test_allowed_sets_equal_outlines_core(smollm, pattern):
     """Along 12 random walks, our allowed set equals outlines-core's at every state, with one
     exception, checked token by token: outlines-core (0.2.14) leaves out every token after which
     the output before the token's last byte matches and the output with it does not, although a
@@ -197,7 +193,7 @@ def test_allowed_sets_equal_outlines_core(smollm2, pattern):
     the shortest bytes our automaton finds to an accepting state, make a string that
     ``re.fullmatch`` accepts (checked for every seventh such token)."""
     outlines_core = pytest.importorskip("outlines_core")
-    _, tokenizer = smollm2
+    _, tokenizer = smollm
     vocab = vocabulary_bytes(tokenizer)
     by_bytes = {}
     for token_id, data in enumerate(vocab):
@@ -297,11 +293,11 @@ def chat(tokenizer, question):
 
 
 @pytest.mark.slow
-def test_every_sampled_output_matches_its_pattern(smollm2):
+def test_every_sampled_output_matches_its_pattern(smollm):
     """200 samples per prompt at T = 1.5 (which wanders far from the pattern on its own),
     three prompts with three different constraints in one batch, 12 tokens at most: every
     output fullmatches its pattern, also those that the budget ended."""
-    model, tokenizer = smollm2
+    model, tokenizer = smollm
     patterns = [r"(positive|negative|neutral)", r"[0-9]{4}-[0-9]{2}-[0-9]{2}", r"[A-Z][a-z]+( [a-z]+){0,3}\."]
     questions = ["Is 'I loved it' positive or negative?", "When did the Berlin Wall fall?", "Name a fruit."]
     out = ll.generate(model, [chat(tokenizer, q) for q in questions], tokenizer=tokenizer, max_new_tokens=12,
@@ -313,8 +309,8 @@ def test_every_sampled_output_matches_its_pattern(smollm2):
     assert len(set(out.texts)) > 20  # sampled, not one answer repeated
 
 
-def test_greedy_constrained_output_equals_hugging_face_with_the_processor(smollm2):
-    model, tokenizer = smollm2
+def test_greedy_constrained_output_equals_hugging_face_with_the_processor(smollm):
+    model, tokenizer = smollm
     pattern = r"[0-9]{4}-[0-9]{2}-[0-9]{2}"
     prompt = chat(tokenizer, "When did the Berlin Wall fall? Give the date.")
     ours = ll.generate(model, prompt, tokenizer=tokenizer, max_new_tokens=12, temperature=0,
@@ -326,8 +322,8 @@ def test_greedy_constrained_output_equals_hugging_face_with_the_processor(smollm
     assert re.fullmatch(pattern, ours.texts[0])
 
 
-def test_the_constraint_arguments_of_generate(smollm2):
-    model, tokenizer = smollm2
+def test_the_constraint_arguments_of_generate(smollm):
+    model, tokenizer = smollm
     prompt = chat(tokenizer, "Say yes.")
     date = Constraint(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", tokenizer)
     with pytest.raises(ValueError, match="max_new_tokens=3 is too few"):
@@ -410,8 +406,8 @@ def test_speculative_decoding_reproduces_the_masked_target(settings):
 
 
 @pytest.mark.slow
-def test_speculative_decoding_under_a_constraint_is_greedy_at_temperature_0(smollm2):
-    model, tokenizer = smollm2
+def test_speculative_decoding_under_a_constraint_is_greedy_at_temperature_0(smollm):
+    model, tokenizer = smollm
     from logitlab.speculative.draft_model import DraftModelDrafter, load_pretrained
     from logitlab.speculative.prompt_lookup import PromptLookupDrafter
     pattern = r'\{"name": "[A-Za-z ]{1,20}", "age": [0-9]{1,3}\}'
@@ -426,11 +422,11 @@ def test_speculative_decoding_under_a_constraint_is_greedy_at_temperature_0(smol
 
 
 @pytest.mark.slow
-def test_beam_search_under_a_constraint_equals_hugging_face(smollm2):
+def test_beam_search_under_a_constraint_equals_hugging_face(smollm):
     """Where Hugging Face's beams end on EOS, both searches return the same hypotheses with the
     same scores; where its beams run out of tokens inside the pattern, ours still match it
     (they finish within the budget)."""
-    model, tokenizer = smollm2
+    model, tokenizer = smollm
     for pattern, question in [(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", "When did the Berlin Wall fall? Give the date."),
                               (r"(positive|negative|neutral)", "Is 'I loved it' positive or negative?")]:
         prompt = chat(tokenizer, question)
@@ -653,10 +649,10 @@ def test_every_string_the_pattern_matches_parses_and_validates(schema, whitespac
 
 
 @pytest.mark.slow
-def test_every_sampled_json_document_parses_and_validates(smollm2):
+def test_every_sampled_json_document_parses_and_validates(smollm):
     jsonschema = pytest.importorskip("jsonschema")
     from logitlab.constrained.json_schema import to_regex
-    model, tokenizer = smollm2
+    model, tokenizer = smollm
     schema = {"type": "object", "properties": {
         "name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0},
         "city": {"enum": ["Paris", "Tokyo", "Lima"]}, "pets": {"type": "array", "items": {"type": "string", "maxLength": 8},
@@ -695,7 +691,6 @@ def test_equal_z_i_at_every_step_do_not_make_masking_conditioning():
     assert torch.allclose(conditional.double(), torch.tensor([2 / 3, 1 / 3], dtype=torch.float64), atol=1e-6)
     products = torch.tensor([1 / 2 ** 2, 1 / 2 ** 3])  # prod Z_i along A+EOS and AB+EOS
     assert torch.allclose(masked_p / conditional, z / products, atol=1e-6)
-
 
 
 @pytest.mark.slow

@@ -201,16 +201,11 @@ def test_the_test_catches_nodes_masked_in_the_roots_state(monkeypatch):
 # --- The real model: a regular expression and a JSON schema -------------------------------------
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    return ll.load("smollm2-135m", device="cpu")
-
-
 @pytest.mark.slow
-def test_every_tree_drafter_is_greedy_under_a_regex_and_a_json_schema(smollm2):
+def test_every_tree_drafter_is_greedy_under_a_regex_and_a_json_schema(smollm):
     from logitlab.constrained.json_schema import to_regex
     from logitlab.speculative import eagle, medusa_heads
-    model, tokenizer = smollm2
+    model, tokenizer = smollm
     pattern = r'\{"name": "[A-Za-z ]{1,20}", "age": [0-9]{1,3}\}'
     schema = {"type": "object", "required": ["name", "age", "city"], "properties": {
         "name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0},

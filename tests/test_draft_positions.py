@@ -27,11 +27,6 @@ pytestmark = pytest.mark.slow
 NUMBERS = 40  # numbers per sequence: about 200 tokens (SmolLM2 writes one digit per token)
 
 
-@pytest.fixture(scope="module")
-def smollm():
-    return ll.load("smollm2-135m", device="cpu")
-
-
 def counting(tokenizer, n: int, seed: int, numbers: int = NUMBERS) -> list[list[int]]:
     rng = random.Random(seed)
     starts = [rng.randrange(1, 800) for _ in range(n)]
@@ -63,7 +58,7 @@ def test_every_medusa_head_is_accepted_on_counting(smollm):
     vocab = choose_vocabulary(rows, model.config.vocab_size, 2048)
     heads = MedusaHeads(model.lm_head.weight, 3, vocab)
     tensors = train_medusa.training_tensors(rows, states, vocab, model.config.vocab_size, 3)
-    train_medusa.train(heads, tensors, steps=400, lr=1e-2, batch=512, log_every=400)
+    train_medusa.train(heads, tensors, steps=400, lr=1e-2, batch=256, log_every=400)
     heads.eval()
     rates, reached = acceptance_by_position(model, tokenizer, MedusaDrafter(heads), gamma=3)
     print("Medusa heads trained on counting, accepted per position:", rates, "reached", reached)

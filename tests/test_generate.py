@@ -20,11 +20,6 @@ import logitlab as ll
 from logitlab.sampling.pipeline import process_logits
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    return ll.load("smollm2-135m", device="cpu")
-
-
 class CountingModel(torch.nn.Module):
     """Wraps a model and records the shape of input_ids at every call."""
 
@@ -46,8 +41,8 @@ class CountingModel(torch.nn.Module):
 PROMPTS = ["The capital of France is", "Write a haiku about autumn leaves falling", "1, 2, 3, 4,"]
 
 
-def test_greedy_matches_hugging_face_with_padding(smollm2):
-    model, tok = smollm2
+def test_greedy_matches_hugging_face_with_padding(smollm):
+    model, tok = smollm
     enc = tok(PROMPTS, return_tensors="pt", padding=True, padding_side="left")
     hf = model.generate(**enc, max_new_tokens=24, do_sample=False, eos_token_id=None)
     ours = ll.generate(model, enc.input_ids, attention_mask=enc.attention_mask, max_new_tokens=24,
@@ -58,8 +53,8 @@ def test_greedy_matches_hugging_face_with_padding(smollm2):
         assert alone.new_tokens[0].tolist() == ours.new_tokens[row].tolist()  # padding changes nothing
 
 
-def test_greedy_with_eos_and_with_repetition_penalty_matches_hugging_face(smollm2):
-    model, tok = smollm2
+def test_greedy_with_eos_and_with_repetition_penalty_matches_hugging_face(smollm):
+    model, tok = smollm
     chat = [{"role": "user", "content": "What is 2 + 2? Answer with a number only."}]
     ids = tok.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
     hf = model.generate(ids, max_new_tokens=30, do_sample=False)
@@ -94,8 +89,8 @@ def test_processing_order_matches_hugging_face():
         assert torch.allclose(got[~got.isneginf()], expected[~expected.isneginf()])
 
 
-def test_stop_string_spanning_tokens_is_cut(smollm2):
-    model, tok = smollm2
+def test_stop_string_spanning_tokens_is_cut(smollm):
+    model, tok = smollm
     free = ll.generate(model, PROMPTS[0], tokenizer=tok, max_new_tokens=12, temperature=0)
     assert free.texts[0].startswith(" Paris.\n\nThe answer is")
     # "answer is" spans two tokens; "ris." starts inside the token " Paris".
@@ -161,8 +156,8 @@ def test_finished_rows_stop_costing_compute():
     assert batch_sizes[-1] < 64
 
 
-def test_return_sequences_share_one_prefill(smollm2):
-    model, tok = smollm2
+def test_return_sequences_share_one_prefill(smollm):
+    model, tok = smollm
     counting = CountingModel(model)
     ids = [tok(p).input_ids for p in PROMPTS[:2]]
     out = ll.generate(counting, ids, max_new_tokens=5, num_return_sequences=4, eos_token_id=[],
@@ -194,8 +189,8 @@ def test_sampled_sequences_follow_exact_probabilities():
         assert chisquare(counts.numpy(), (exact / exact.sum() * counts.sum()).numpy()).pvalue > 1e-4
 
 
-def test_logprobs_are_the_chosen_tokens_log_probabilities(smollm2):
-    model, tok = smollm2
+def test_logprobs_are_the_chosen_tokens_log_probabilities(smollm):
+    model, tok = smollm
     ids = tok(PROMPTS[0], return_tensors="pt").input_ids
     out = ll.generate(model, ids, max_new_tokens=4, temperature=1.0, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

@@ -293,11 +293,6 @@ def test_bad_arguments_raise():
 # --- the shipped embeddings on SmolLM2 -----------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def smollm():
-    return ll.load("smollm2-135m", device="cpu")
-
-
 @pytest.mark.slow
 def test_shipped_embeddings_are_tiny_and_both_variants_are_greedy_on_smollm2(smollm):
     model, tok = smollm

@@ -188,11 +188,6 @@ def test_tree_bad_arguments_raise():
 # --- the shipped heads on SmolLM2 --------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def smollm():
-    return ll.load("smollm2-135m", device="cpu")
-
-
 class RecordingDrafter(MedusaDrafter):
     """Keeps the hidden state it was given at each proposal."""
 

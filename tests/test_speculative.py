@@ -265,11 +265,6 @@ def test_the_exactness_test_detects_a_loop_that_keeps_rejected_drafts():
 
 
 @pytest.fixture(scope="module")
-def smollm():
-    return ll.load("smollm2-135m", device="cpu")
-
-
-@pytest.fixture(scope="module")
 def early_exit(smollm):
     # SmolLM2's first two layers with its final norm and output layer: a real (bad) draft model.
     model = smollm[0]

@@ -289,13 +289,8 @@ def test_constrained_speculative_sampling(tree):
 # --- The real model: the same logits to float rounding, the same long generations ---------------
 
 
-@pytest.fixture(scope="module")
-def real():
-    return ll.load("smollm2-135m", device="cpu")
-
-
-def test_every_kind_of_pass_gives_the_stock_logits(real):
-    model, tokenizer = real
+def test_every_kind_of_pass_gives_the_stock_logits(smollm):
+    model, tokenizer = smollm
     ids = [ll.chat_ids(tokenizer, "Name three rivers."), ll.chat_ids(tokenizer, "What is the capital of Peru?")]
     width = max(map(len, ids))
     batch = torch.tensor([[0] * (width - len(i)) + i for i in ids])
@@ -325,8 +320,8 @@ def test_every_kind_of_pass_gives_the_stock_logits(real):
 
 
 @pytest.mark.slow  # 8-11 s; under transformers 4.56 the tiny models' tests cover the same paths
-def test_long_greedy_generations_and_eagle_trees_give_the_stock_tokens(real):
-    model, tokenizer = real
+def test_long_greedy_generations_and_eagle_trees_give_the_stock_tokens(smollm):
+    model, tokenizer = smollm
     prompts = ["Write a short story about a lighthouse keeper.", "Explain how vaccines work."]
     common = dict(tokenizer=tokenizer, temperature=0, eos_token_id=[])
     drafter = EagleDrafter(ll.speculative.eagle.load_pretrained(model), tree=dict(top_k=3, nodes=10))

@@ -22,11 +22,6 @@ ALPHA = 1e-4  # the false-positive rate of every statistical test here
 PARENTS = [-1, -1, 0, 0, 1, 2]
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    return ll.load("smollm2-135m", device="cpu")
-
-
 def exact_logprob(model, prompt, tree, i, config=None):
     """log p(token i | prompt + its ancestors), from the toy model's exact distribution."""
     path = tree.ancestors(i)
@@ -97,8 +92,8 @@ def test_bad_offset_raises():
 # --- One forward pass equals path by path --------------------------------------------------------
 
 
-def test_score_tree_equals_score_paths_on_smollm2(smollm2):
-    model, tok = smollm2
+def test_score_tree_equals_score_paths_on_smollm2(smollm):
+    model, tok = smollm
     ids = tok("The best thing about autumn is", return_tensors="pt").input_ids
     tree = sample_tree(model, ids, branching=(3, 2, 2), temperature=1.2, generator=torch.Generator().manual_seed(0))
     assert len(tree) == 3 + 6 + 12
@@ -114,8 +109,8 @@ def test_score_tree_equals_score_paths_on_smollm2(smollm2):
     assert (causal - ref_logits).abs().max() > 1.0
 
 
-def test_score_tree_as_a_list_prompt_with_eager_attention(smollm2):
-    model, tok = smollm2
+def test_score_tree_as_a_list_prompt_with_eager_attention(smollm):
+    model, tok = smollm
     ids = tok("One, two, three,", return_tensors="pt").input_ids
     tokens = torch.tensor(tok(" four five six seven eight nine ten eleven").input_ids[:6])
     sdpa = score_tree(model, ids, PARENTS, tokens)[0]
@@ -208,8 +203,8 @@ def test_temperature_zero_gives_the_top_k_children_in_order():
             assert torch.allclose(tree.raw_logprobs[i], exact_logprob(model, [1], tree, i))
 
 
-def test_sample_tree_on_smollm2_matches_score_tree(smollm2):
-    model, tok = smollm2
+def test_sample_tree_on_smollm2_matches_score_tree(smollm):
+    model, tok = smollm
     ids = tok("My favourite fruit is", return_tensors="pt").input_ids
     config = SamplingConfig(temperature=0.8, top_p=0.9)
     tree = sample_tree(model, ids, branching=(2, 2), temperature=0.8, top_p=0.9,

@@ -84,11 +84,6 @@ def test_bad_input_is_refused():
 
 
 @pytest.fixture(scope="module")
-def smollm():
-    return ll.load("smollm2-135m", device="cpu")
-
-
-@pytest.fixture(scope="module")
 def answers(smollm):
     """The real model's answers to 8 prompts, 4 samples each, 48 tokens, with and without the
     watermark (delta = 2, gamma = 0.25), at T = 1."""

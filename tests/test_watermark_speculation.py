@@ -123,11 +123,6 @@ def test_a_residual_drawn_with_the_drafts_uniforms_is_caught():
     assert chisquare(counts.numpy(), (P * 20_000).numpy()).pvalue < 1e-6
 
 
-@pytest.fixture(scope="module")
-def smollm():
-    return ll.load("smollm2-135m", device="cpu")
-
-
 @pytest.mark.slow  # the real model's answers: statistics of our own code, not of a dependency's version
 def test_the_key_fixes_the_text_and_the_detector_finds_it(smollm):
     model, tokenizer = smollm
