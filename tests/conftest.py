@@ -12,6 +12,12 @@ def pytest_configure(config):
         "markers",
         "slow: over ~15 s on the 2-core CPU; `make test-lower` leaves these out (the main run keeps them)",
     )
+    config.addinivalue_line(
+        "markers",
+        "statistical: a sampler's output tested against its exact distribution (chi-square over many draws): "
+        "the arithmetic under test is torch's, the same in .venv-lower, so `make test-lower` leaves these out "
+        "(it keeps the tests of the statistical harness itself, which uses scipy)",
+    )
 
 
 # The tests that take longest on the 2-core CPU (a full `make test` run's durations, longest

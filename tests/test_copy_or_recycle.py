@@ -39,6 +39,7 @@ def test_the_path_of_a_tree_reaches_the_automaton():
     assert drafter.copy.rows[0].tokens == [1, 2, 3, 4, 5]
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
 def test_sampled_output_follows_the_target_exactly(temperature):
     target = tiny_llama(1, 3, vocab=4)

@@ -222,6 +222,7 @@ def test_every_generator_in_the_library_and_the_chapters_names_its_device():
 # float64 allowed into the computation.
 
 
+@pytest.mark.statistical
 def test_sampling_stays_exact_in_float32(monkeypatch):
     from collections import Counter
 
@@ -237,6 +238,7 @@ def test_sampling_stays_exact_in_float32(monkeypatch):
     assert chisquare([counts.get(i, 0) for i in range(6)], (probs * len(tokens)).tolist()).pvalue > P_MIN
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("gamma", [1, 3])
 def test_speculative_sampling_stays_exact_in_float32(monkeypatch, gamma):
     from test_speculative import P_MIN, chi_square_pvalue, exact_sequence_probs

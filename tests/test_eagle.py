@@ -246,6 +246,7 @@ def test_chains_and_dynamic_trees_are_greedy_in_a_batch(trained, tree):
     assert sum(n for a in out.accepted for n in a) > 0
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("tree", [None, dict(top_k=3, nodes=6), dict(branching=(2, 2))], ids=["chain", "tree", "fixed"])
 @pytest.mark.parametrize("settings", [dict(temperature=1.0), dict(temperature=0.8, top_k=4)], ids=["T=1", "T=0.8 top-k 4"])
 def test_chains_and_dynamic_trees_are_exact_at_temperature_above_zero(trained, tree, settings):

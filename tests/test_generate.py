@@ -169,6 +169,7 @@ def test_return_sequences_share_one_prefill(smollm):
     assert len({tuple(t.tolist()) for t in out.new_tokens[:4]}) > 1  # the four samples differ
 
 
+@pytest.mark.statistical
 def test_sampled_sequences_follow_exact_probabilities():
     """3 new tokens from the toy bigram model: 64 possible sequences, exact probabilities known.
 

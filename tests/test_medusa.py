@@ -69,6 +69,7 @@ def test_save_and_load_round_trip(tmp_path):
         load_pretrained(ll.toy_model(vocab_size=5), tmp_path / "h.safetensors")
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("settings", [dict(temperature=1.0), dict(temperature=0.9, top_k=3)],
                          ids=["T=1", "T=0.9 top-k 3"])
 def test_rejection_sampling_with_sampled_head_proposals_is_exact(settings):
@@ -127,6 +128,7 @@ class SoftQOnTopK(MedusaDrafter):
         return tree
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("proposals", ["argmax", "sample", "soft q on top-k"])
 def test_trees_under_rejection_sampling_are_exact_and_the_test_catches_the_soft_q(proposals):
     target = tiny_llama(2, seed=0)

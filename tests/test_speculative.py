@@ -53,6 +53,7 @@ def test_verify_accepts_everything_when_the_drafter_is_the_target_and_then_draws
     assert set(nxt.tolist()) == {1, 2}
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("g", [1, 3])
 def test_the_first_token_of_a_call_follows_the_target_exactly(g):
     # Whatever q is, the first emitted token (a draft if accepted, else the residual's draw) is
@@ -204,6 +205,7 @@ def chi_square_pvalue(samples, probs):
     dict(temperature=0.8, top_k=3),
     dict(temperature=1.2, top_p=0.8),
 ], ids=["T=1", "T=0.8 top-k 3", "T=1.2 top-p 0.8"])
+@pytest.mark.statistical
 @pytest.mark.parametrize("gamma", [1, 3])
 def test_speculative_sampling_is_exact_on_the_toy_model(settings, gamma):
     target = ll.toy_model(vocab_size=5, order=2, seed=0)
@@ -220,6 +222,7 @@ def test_speculative_sampling_is_exact_on_the_toy_model(settings, gamma):
         assert reason == ("eos" if tokens[-1] == 4 else "length")
 
 
+@pytest.mark.statistical
 def test_batched_prompts_of_different_lengths_are_each_exact():
     target = ll.toy_model(vocab_size=4, order=3, seed=1)
     drafter = DraftModelDrafter(ll.toy_model(vocab_size=4, order=2, seed=2))
@@ -235,6 +238,7 @@ def test_batched_prompts_of_different_lengths_are_each_exact():
                    if i == b)
 
 
+@pytest.mark.statistical
 def test_prompt_lookup_is_exact_on_the_toy_model():
     target = ll.toy_model(vocab_size=4, order=2, seed=3)
     prompt = [1, 2, 3, 1, 2]
@@ -245,6 +249,7 @@ def test_prompt_lookup_is_exact_on_the_toy_model():
     assert out.alpha > 0
 
 
+@pytest.mark.statistical
 def test_the_exactness_test_detects_a_loop_that_keeps_rejected_drafts():
     # Accepting every draft makes the output the drafter's: the same chi-square test must fail.
     class AcceptAll(ll.speculative.AcceptanceRule):
@@ -365,6 +370,7 @@ def exact_llama_probs(model, prompt, length, config):
     return {tuple(s.tolist()): p.item() for s, p in zip(seqs, total) if p > 0}
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("settings", [dict(temperature=1.0), dict(temperature=0.9, top_k=3)],
                          ids=["T=1", "T=0.9 top-k 3"])
 def test_speculative_sampling_is_exact_with_tiny_llama_models(settings):

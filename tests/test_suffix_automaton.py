@@ -112,6 +112,7 @@ def test_greedy_output_is_the_targets_own(corpus):
     assert out.fed == [g + 1 for g in out.drafted] and len(out.fed) == out.model_calls - 1 and max(out.drafted) > 0
 
 
+@pytest.mark.statistical
 def test_sampled_output_follows_the_target_exactly():
     target = ll.toy_model(vocab_size=4, order=2, seed=3)
     prompt = [1, 2, 3, 1, 2]

@@ -130,6 +130,7 @@ def test_the_drafter_counts_how_often_each_rank_was_the_targets_top_token():
     assert chain.measured_rank_probs() == [1.0]  # ranks 2 and 3 were never drafted: nothing to report
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_sampled_output_follows_the_target_exactly(temperature):
     target = tiny_llama(1, 3, vocab=4)  # a tree needs a cache that keeps the kept path (the toy's cannot)

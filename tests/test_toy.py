@@ -50,6 +50,7 @@ def test_a_wrong_cache_gives_wrong_logits():
     assert not torch.equal(model(step, past_key_values=right).logits, model(step, past_key_values=wrong).logits)
 
 
+@pytest.mark.statistical
 def test_next_token_probs_are_exact_and_sampling_matches_them():
     model = ll.toy_bigram(vocab_size=8, seed=3)
     context = torch.tensor([[2, 5]])

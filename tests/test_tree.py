@@ -138,6 +138,7 @@ def test_score_tree_equals_score_paths_on_the_toy_model(order):
 # --- Sampling a tree ------------------------------------------------------------------------------
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("config", [SamplingConfig(), SamplingConfig(temperature=0.7, top_k=3)])
 def test_sampled_paths_follow_exact_path_probabilities(config):
     """Toy bigram model, vocabulary 4, branching (2, 2): 16 possible paths, exact probabilities.
@@ -175,6 +176,7 @@ def test_sampled_paths_follow_exact_path_probabilities(config):
     assert chisquare(counts[cells].numpy(), expected.numpy()).pvalue < ALPHA
 
 
+@pytest.mark.statistical
 def test_without_replacement_children_are_distinct_and_scored_exactly():
     model = ll.toy_model(vocab_size=6, order=3, seed=2)
     gen = torch.Generator().manual_seed(0)

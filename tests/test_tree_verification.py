@@ -89,6 +89,7 @@ def chi_square(samples, target):
     return chisquare([samples.get(k, 0) for k in keys], [n * e / total for e in expected]).pvalue
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("how, rule_q", [("top-k", "point"), ("with replacement", "soft"),
                                          ("without replacement", "soft")])
 def test_recursive_rejection_over_a_tree_is_exact(how, rule_q):

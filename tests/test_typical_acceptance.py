@@ -75,6 +75,7 @@ def sequence_tv(target, drafter, acceptance):
     return output_distance(target, drafter, acceptance, prompt=[1], length=3, samples=20_000, gamma=2)
 
 
+@pytest.mark.statistical
 def test_typical_acceptance_shifts_the_distribution_less_as_epsilon_grows():
     # With delta large the bar is epsilon itself; with next_token="sample", epsilon -> 1 accepts
     # (almost) nothing and every token is a sample of p: the rule's exact limit. Sampling noise
@@ -110,6 +111,7 @@ def test_bad_shapes_raise():
         typical_accept(torch.tensor([[0]]), torch.tensor([[[0.5, 0.6, 0.0, 0.0]]]), 0.09, 0.3)
 
 
+@pytest.mark.statistical
 def test_the_chi_square_passes_rejection_sampling_and_fails_typical_acceptance():
     # The false-positive rate of the first assertion is 1e-3 (the p-value of an exact loop is uniform).
     # A flat toy (scale 0.5), so that every continuation is expected more than 5 times.

@@ -24,6 +24,7 @@ def pvalue(tokens) -> float:
 
 # Each exactness test fails an exact sampler with probability 0.001 (its p-value is uniform);
 # each control is a biased sampler that must be rejected at 1e-6.
+@pytest.mark.statistical
 def test_the_gumbel_choice_over_random_keys_is_the_models_distribution():
     chosen = [gumbel.keyed_choice(LOGITS, gumbel.keyed_uniforms(CONTEXT, 5, key)) for key in KEYS]
     assert pvalue(chosen) > 1e-3
@@ -35,6 +36,7 @@ def test_a_wrong_exponent_is_caught():
     assert pvalue(chosen) < 1e-6
 
 
+@pytest.mark.statistical
 def test_the_gumbel_choice_follows_the_temperature():
     hot = torch.softmax(LOGITS.double() / 2.0, dim=-1)
     chosen = [gumbel.keyed_choice(LOGITS, gumbel.keyed_uniforms(CONTEXT, 5, key), temperature=2.0) for key in KEYS]
@@ -42,6 +44,7 @@ def test_the_gumbel_choice_follows_the_temperature():
     assert chisquare(counts.numpy(), (hot / hot.sum() * len(chosen)).numpy()).pvalue > 1e-3
 
 
+@pytest.mark.statistical
 def test_the_tournament_over_random_keys_is_the_models_distribution():
     generator = torch.Generator().manual_seed(0)
     chosen = [int(torch.multinomial(synthid.tournament_probs(PROBS, synthid.g_values(CONTEXT, 5, 3, key)), 1,

@@ -83,6 +83,7 @@ def keyed_run(rule, key=5, gamma=2):
                                 generator=torch.Generator().manual_seed(0))
 
 
+@pytest.mark.statistical
 def test_keyed_speculative_sampling_follows_the_target():
     out = keyed_run(KeyedRejectionSampling(4, key=5, context_width=12))
     assert chi_square_pvalue(out.new_tokens, continuation_probs(ll.toy_model(**TARGET), 2)) > P_MIN
