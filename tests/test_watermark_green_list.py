@@ -3,6 +3,7 @@ as oracles where the hashing is the same, the detector's false-positive rate on 
 unwatermarked text, and its power on watermarked text."""
 
 import math
+from fractions import Fraction
 
 import pytest
 import torch
@@ -49,7 +50,28 @@ def test_the_z_score_equals_hugging_faces_detector(unique):
     ours = detect(text, vocab, gamma, unique_pairs=unique)
     assert ours.scored == theirs.num_tokens_scored[0] and ours.green == theirs.num_green_tokens[0]
     assert ours.z == pytest.approx(float(theirs.z_score[0]), abs=1e-9)
-    assert ours.p_value == pytest.approx(float(theirs.p_value[0]), rel=1e-6)
+    # Their p-value is the normal tail of z; ours the exact binomial tail of the same count.
+    assert ours.p_value == pytest.approx(binom.sf(ours.green - 1, ours.scored, gamma), rel=1e-9)
+
+
+@pytest.mark.parametrize("vocab, gamma, share", [(20, 0.25, Fraction(1, 4)), (10, 0.25, Fraction(1, 5))])
+def test_the_p_value_is_the_exact_binomial_tail(vocab, gamma, share):
+    # Summed in exact fractions: P(G >= green) for G ~ Binomial(n, share), share = int(gamma V) / V
+    # (a 10-token vocabulary has 2 green tokens at gamma = 0.25, not 2.5).
+    tokens, pairs = [0], set()
+    for i in range(30):  # for 20 steps a green token (where one is left), then any: no pair twice
+        fresh = [t for t in range(vocab) if (tokens[-1], t) not in pairs]
+        greens = [t for t in green_ids(tokens[-1], vocab, gamma).tolist() if t in fresh]
+        token = (greens or fresh)[0] if i < 20 else fresh[-1]
+        pairs.add((tokens[-1], token))
+        tokens.append(token)
+    found = detect(tokens, vocab, gamma)
+    n = found.scored
+    exact = sum(math.comb(n, k) * share**k * (1 - share) ** (n - k) for k in range(found.green, n + 1))
+    assert n == 30 and found.green >= 12 and found.p_value == pytest.approx(float(exact), rel=1e-9)
+    normal = 0.5 * math.erfc(found.z / math.sqrt(2))
+    if share == Fraction(1, 4):  # at this length the normal tail is far too small
+        assert found.p_value > 3 * normal
 
 
 def test_a_worked_count():

@@ -2,6 +2,7 @@
 over random keys (a chi-square test, with a biased variant as the control the test must reject),
 and each detector's false-positive rate and power on a small model."""
 
+import itertools
 import math
 
 import pytest
@@ -82,11 +83,14 @@ def test_one_round_is_the_two_candidate_tournament():
 
 
 def markov_text(generator, length, pick):
-    """A text from a bigram model over 50 tokens; ``pick(context, probs)`` chooses each token."""
+    """A text from a bigram model over 50 tokens; ``pick(context, probs)`` chooses each token at a
+    context new to the text, the generator at one seen before (as the keyed processors do)."""
     table = torch.softmax(torch.randn(50, 50, generator=torch.Generator().manual_seed(5)) * 1.5, dim=-1)
     text = [0]
     for _ in range(length):
-        text.append(pick(tuple(text[-4:]), table[text[-1]]))
+        context, probs = tuple(text[-4:]), table[text[-1]]
+        seen = gumbel.seen_before(text, 4)
+        text.append(int(torch.multinomial(probs, 1, generator=generator)) if seen else pick(context, probs))
     return text[1:]
 
 
@@ -109,15 +113,68 @@ def test_false_positive_rate_and_power_on_a_small_model(scheme):
     assert sum(p < 0.05 for p in p_marked) >= 15, p_marked
 
 
-def test_each_distinct_context_and_token_is_scored_once():
-    # width 1, prompt [5]: 5 after (5,), 6 after (5,), 5 after (6,), then 6 after (5,) again
-    assert gumbel.scored_pairs([5, 6, 5, 6], 10, 1, prompt=[5]) == [((5,), 5), ((5,), 6), ((6,), 5)]
+def test_each_context_is_scored_at_its_first_occurrence():
+    # width 1, prompt [7, 5]: 5 after (5,) (new), 6 after (5,) (seen), 5 after (6,) (new), 6 after
+    # (5,) (seen); the prompt's own contexts count as seen: 8 after (7,) is not scored.
+    assert gumbel.scored_pairs([5, 6, 5, 6], 10, 1, prompt=[7, 5]) == [((5,), 5), ((6,), 5)]
+    assert gumbel.scored_pairs([8], 10, 1, prompt=[7, 5, 7]) == []
     assert gumbel.scored_pairs([1, 2, 3], 10, 2) == [((), 1), ((1,), 2), ((1, 2), 3)]
-    found = gumbel.detect([5, 6, 5, 6], 10, context_width=1, prompt=[5])
-    assert found.scored == 3
-    u = [float(gumbel.keyed_uniforms(c, 10)[t]) for c, t in [((5,), 5), ((5,), 6), ((6,), 5)]]
+    found = gumbel.detect([5, 6, 5, 6], 10, context_width=1, prompt=[7, 5])
+    assert found.scored == 2
+    u = [float(gumbel.keyed_uniforms(c, 10)[t]) for c, t in [((5,), 5), ((6,), 5)]]
     assert found.score == pytest.approx(sum(-math.log(1 - x) for x in u))
-    assert synthid.detect([5, 6, 5, 6], 10, layers=4, context_width=1, prompt=[5]).scored == 3
+    assert synthid.detect([5, 6, 5, 6], 10, layers=4, context_width=1, prompt=[7, 5]).scored == 2
+
+
+def test_seen_before_asks_whether_the_context_came_before():
+    assert not gumbel.seen_before([1, 2, 3], 2)  # contexts (), (1,), (1, 2); now (2, 3)
+    assert gumbel.seen_before([1, 2, 1, 2], 2)  # (1, 2) was the context of the third token
+    assert not gumbel.seen_before([1, 2, 1, 2], 3)  # (2, 1, 2) is new
+    assert gumbel.seen_before([-1, -1, 4, 4], 1)  # padding left out: (4,) came before the last 4
+    assert not gumbel.seen_before([], 4) and not gumbel.seen_before([3], 1)
+
+
+# Repeated contexts: a one-token window over a four-token bigram model, after the prompt [1, 0],
+# repeats at most positions of a 3-token text. Each text comes from its own key; the processor
+# must fall back to the sampler's own draw at a seen context, or a token copies the earlier one.
+BIGRAM = torch.softmax(torch.randn(4, 4, generator=torch.Generator().manual_seed(2)) * 0.6, dim=-1)
+REPEAT_KEYS = range(1, 8_001)
+
+
+def bigram_texts(processor) -> list[tuple[int, ...]]:
+    texts = []
+    for key in REPEAT_KEYS:
+        mark, ids, generator = processor(key), [1, 0], torch.Generator().manual_seed(key)
+        for _ in range(3):
+            out = mark(torch.tensor([ids]), BIGRAM[ids[-1]].log()[None])
+            ids.append(int(torch.multinomial(torch.softmax(out[0], dim=-1), 1, generator=generator)))
+        texts.append(tuple(ids[2:]))
+    return texts
+
+
+def bigram_pvalue(texts) -> float:
+    sequences = list(itertools.product(range(4), repeat=3))
+    exact = [math.prod(float(BIGRAM[a, b]) for a, b in zip((0,) + seq, seq)) for seq in sequences]
+    counts = [texts.count(seq) for seq in sequences]
+    return float(chisquare(counts, [len(texts) * p for p in exact]).pvalue)
+
+
+PROCESSORS = {"gumbel": lambda key: gumbel.GumbelWatermark(4, key=key, context_width=1),
+              "tournament": lambda key: synthid.TournamentWatermark(4, key=key, layers=10, context_width=1)}
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("scheme", PROCESSORS)
+def test_text_with_repeated_contexts_follows_the_model_over_keys(scheme):
+    assert bigram_pvalue(bigram_texts(PROCESSORS[scheme])) > 1e-3
+
+
+@pytest.mark.parametrize("scheme", PROCESSORS)
+def test_reusing_a_repeated_contexts_draw_is_caught(scheme, monkeypatch):
+    # Without the fallback a seen context's uniforms choose again: the text copies its earlier token.
+    monkeypatch.setattr(gumbel, "seen_before", lambda ids, width: False)
+    monkeypatch.setattr(synthid, "seen_before", lambda ids, width: False)
+    assert bigram_pvalue(bigram_texts(PROCESSORS[scheme])) < 1e-6
 
 
 def test_bad_input_is_refused():

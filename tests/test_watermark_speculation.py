@@ -20,11 +20,13 @@ P_MIN = 1e-3  # an exact sampler fails each chi-square test with probability 0.0
 
 @pytest.mark.parametrize("gamma", [1, 3])
 def test_a_keyed_target_gives_generates_tokens_at_every_position(gamma):
-    # GumbelWatermark makes the target a point mass on a token chosen from the last 3 tokens: any
-    # slip in the text a position is handed (an off-by-one, the padding) changes the tokens.
+    # GumbelWatermark makes the target a point mass on a token chosen from the whole text so far
+    # (a window wider than any text here, so that no context repeats and no position falls back
+    # to the generator): any slip in the text a position is handed (an off-by-one, the padding)
+    # changes the tokens.
     target, draft = ll.toy_model(vocab_size=6, order=3, seed=0), ll.toy_model(vocab_size=6, order=2, seed=4)
     prompts = [[1, 2], [3, 4, 5, 0, 1]]
-    mark = [GumbelWatermark(6, key=7, context_width=3)]
+    mark = [GumbelWatermark(6, key=7, context_width=20)]
     common = dict(max_new_tokens=12, temperature=1.0, eos_token_id=[], logits_processor=mark)
     reference = ll.generate(target, prompts, generator=torch.Generator().manual_seed(0), **common)
     out = speculative_generate(target, DraftModelDrafter(draft), prompts, gamma=gamma,
@@ -83,6 +85,28 @@ def keyed_run(rule, key=5, gamma=2):
                                 generator=torch.Generator().manual_seed(0))
 
 
+def repeating_run(key: int, gamma: int = 2):
+    """One text of keyed speculative sampling after [1, 2] with a one-token window: most contexts
+    repeat within 3 tokens, where the drafter and the rule must both draw with the generator."""
+    target, draft = ll.toy_model(**TARGET), ll.toy_model(vocab_size=4, order=3, seed=8)
+    return speculative_generate(target, KeyedDraftModel(draft, key=key, context_width=1), [[1, 2]], gamma=gamma,
+                                max_new_tokens=LENGTH, eos_token_id=[],
+                                acceptance=KeyedRejectionSampling(4, key=key, context_width=1),
+                                generator=torch.Generator().manual_seed(key))
+
+
+@pytest.mark.statistical
+def test_keyed_speculative_sampling_follows_the_target_where_contexts_repeat():
+    outputs = [repeating_run(key).new_tokens[0] for key in range(1, 4_097)]
+    assert chi_square_pvalue(outputs, continuation_probs(ll.toy_model(**TARGET), 2)) > P_MIN
+
+
+def test_keyed_speculative_sampling_without_the_fallback_is_caught(monkeypatch):
+    monkeypatch.setattr(speculation, "seen_before", lambda ids, width: False)
+    outputs = [repeating_run(key).new_tokens[0] for key in range(1, 4_097)]
+    assert chi_square_pvalue(outputs, continuation_probs(ll.toy_model(**TARGET), 2)) < 1e-6
+
+
 @pytest.mark.statistical
 def test_keyed_speculative_sampling_follows_the_target():
     out = keyed_run(KeyedRejectionSampling(4, key=5, context_width=12))
@@ -134,7 +158,10 @@ def test_the_key_fixes_the_text_and_the_detector_finds_it(smollm):
                                  acceptance=KeyedRejectionSampling(vocab, key=key), eos_token_id=[],
                                  generator=ll.generator(model, seed)) for key, seed in ((9, 0), (9, 1), (10, 0))]
     same, again, other = (r.new_tokens[0].tolist() for r in runs)
-    assert same == again != other  # the generator plays no part; the key decides
+    # The generator plays no part until a context repeats (there it draws instead of the key).
+    first_repeat = next((i for i in range(len(same)) if gumbel.seen_before(prompt + same[:i], 4)), len(same))
+    assert first_repeat > 10 and same[:first_repeat] == again[:first_repeat]
+    assert same != other  # the key decides
     found = gumbel.detect(same, vocab, key=9, prompt=prompt, streams=2)
     assert found.p_value < 1e-4, found
     assert gumbel.detect(other, vocab, key=9, prompt=prompt, streams=2).p_value > 1e-3
@@ -160,7 +187,8 @@ def test_raw_log_probabilities_are_the_models_own_under_a_processor():
     # A keyed target is a point mass, so the sampled log-probabilities are 0; the raw ones must
     # stay the model's own, as ll.generate records them.
     target, draft = ll.toy_model(vocab_size=6, order=3, seed=0), ll.toy_model(vocab_size=6, order=2, seed=4)
-    common = dict(max_new_tokens=10, temperature=1.0, eos_token_id=[], logits_processor=[GumbelWatermark(6, key=3)])
+    common = dict(max_new_tokens=10, temperature=1.0, eos_token_id=[],
+                  logits_processor=[GumbelWatermark(6, key=3, context_width=20)])  # no context repeats
     reference = ll.generate(target, [[1, 2, 3]], generator=torch.Generator().manual_seed(0), **common)
     out = speculative_generate(target, DraftModelDrafter(draft), [[1, 2, 3]], gamma=2,
                                generator=torch.Generator().manual_seed(1), **common)

@@ -4,7 +4,8 @@ Before each token, the previous token and a secret key seed a permutation of the
 first ``gamma * V`` tokens are *green* for this step, and ``delta`` is added to their logits. The
 text still reads as the model's, only slightly more often green than chance. A detector with the
 key counts the green tokens: without the watermark each is green with probability ``gamma``, so a
-count far above ``gamma * n`` is evidence, measured by a one-sided z-test.
+count far above ``gamma * n`` is evidence: its p-value is the exact binomial tail (the z-score,
+Hugging Face's statistic, is kept for display; its normal tail understates p at short lengths).
 
 The permutation is Hugging Face's (``WatermarkLogitsProcessor``, seeding scheme ``"lefthash"``,
 one token of context): ``torch.randperm`` seeded with ``key * previous``, so the same key marks
@@ -84,8 +85,9 @@ def price(logits: torch.Tensor, green: torch.Tensor, delta: float) -> torch.Tens
 @dataclass
 class Detection:
     """What the detector found in one text: ``scored`` tokens looked at, ``green`` of them green,
-    the z-score of that count and its one-sided p-value (the chance of a count at least this
-    high in text written without the key)."""
+    the z-score of that count, and its p-value: the chance of a count at least this high in text
+    written without the key, ``P(G >= green)`` for ``G ~ Binomial(scored, share)``, ``share`` the
+    green list's exact share of the vocabulary (``int(gamma * V) / V``)."""
 
     scored: int
     green: int
@@ -97,8 +99,11 @@ def detect(tokens, vocab_size: int, gamma: float = 0.25, key: int = KEY, *, uniq
     """Score a text (token ids, the prompt left out) for the green list: every token after the
     first is green or not, given the token before it. ``unique_pairs`` counts each (previous,
     token) pair once: text that repeats a phrase repeats its colours, and counting the repeats
-    as fresh evidence makes the z-test claim more than it has (Hugging Face's
-    ``ignore_repeated_ngrams``; its default counts them all)."""
+    as fresh evidence makes the test claim more than it has (Hugging Face's
+    ``ignore_repeated_ngrams``; its default counts them all). The z-score is Hugging Face's; the
+    p-value is exact, where Hugging Face's is the normal tail of z."""
+    from scipy.stats import binom
+
     tokens = [int(t) for t in (tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens)]
     vocab_size, gamma, key = check_int(vocab_size, "vocab_size", 2), check_gamma(gamma), check_key(key)
     unique_pairs = check_flag(unique_pairs, "unique_pairs")
@@ -110,4 +115,5 @@ def detect(tokens, vocab_size: int, gamma: float = 0.25, key: int = KEY, *, uniq
     green = sum(bool(green_mask(previous, vocab_size, gamma, key)[token]) for previous, token in pairs)
     n = len(pairs)
     z = (green - gamma * n) / math.sqrt(n * gamma * (1 - gamma))
-    return Detection(n, green, z, 0.5 * math.erfc(z / math.sqrt(2)))
+    share = int(vocab_size * gamma) / vocab_size  # green_ids' exact share: gamma itself for the book's vocabulary
+    return Detection(n, green, z, float(binom.sf(green - 1, n, share)))

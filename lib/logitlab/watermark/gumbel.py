@@ -8,9 +8,12 @@ exact sample of ``p``; but whoever holds the key can recompute them, and the cho
 are the ones whose ``u`` was large: for text written without the key, ``-log(1 - u)`` of each
 token is an exponential variable of mean 1; for marked text, larger.
 
-A context that comes back gives the same uniforms, so the same token: the output is a
-deterministic function of the context and the key. That is the price (repetitions repeat), and
-the detector counts each (context, token) pair once.
+A context that comes back would give the same uniforms, so the same token: the text would no
+longer follow the model (a loop, once entered, would never be left). So at a context that already
+occurred in the text, the keyed schemes step aside (``seen_before``) and the sampler after them
+draws with its own generator, as production engines do (Hugging Face's SynthID processor, vLLM's
+``deduplicate_contexts``); every context's uniforms then choose at most one token of a text, and
+the detector scores each context's first occurrence only.
 """
 
 from __future__ import annotations
@@ -42,6 +45,15 @@ def last_tokens(ids, width: int) -> list[int]:
     return [int(t) for t in ids if t >= 0][-width:]
 
 
+def seen_before(ids, width: int) -> bool:
+    """Whether the context a keyed draw after ``ids`` hashes (its last ``width`` tokens, padding
+    left out) is already the context of an earlier position of ``ids``: its uniforms may then have
+    chosen a token of this text, and a second draw from them would not be a fresh sample."""
+    ids = last_tokens(ids, len(ids))
+    context = ids[len(ids) - width:] if len(ids) > width else ids
+    return any(ids[max(0, i - width):i] == context for i in range(len(ids)))
+
+
 def keyed_uniforms(context, vocab_size: int, key: int = KEY) -> torch.Tensor:
     """``[vocab_size]`` uniforms in (0, 1), float32 on the CPU, fixed by the key and the context."""
     generator = torch.Generator(device="cpu").manual_seed(context_seed(context, key))
@@ -66,7 +78,9 @@ class GumbelWatermark(Processor):
     """The watermark as a logits processor: each row's token is chosen by ``keyed_choice`` from
     its last ``context_width`` tokens, and every other token's logit set to ``-inf``, so that any
     sampler after it (``ll.generate`` at any temperature) returns that token. The temperature of
-    the distribution it samples is this processor's ``temperature``."""
+    the distribution it samples is this processor's ``temperature``. Where that context already
+    occurred in the row (``seen_before``), the row's scores are returned at that temperature, for
+    the sampler after it to draw (at temperature 1: from the same distribution)."""
 
     def __init__(self, vocab_size: int, key: int = KEY, temperature: float = 1.0, context_width: int = 4):
         self.vocab_size = check_int(vocab_size, "vocab_size", 2)
@@ -81,6 +95,9 @@ class GumbelWatermark(Processor):
             raise ValueError(f"scores must have vocab_size = {self.vocab_size} columns, got {scores.shape[-1]}")
         out = torch.full_like(scores, float("-inf"))
         for row, (ids, logits) in enumerate(zip(input_ids.tolist(), scores)):
+            if seen_before(ids, self.context_width):
+                out[row] = logits / self.temperature
+                continue
             u = keyed_uniforms(last_tokens(ids, self.context_width), self.vocab_size, self.key).to(scores.device)
             out[row, keyed_choice(logits, u, self.temperature)] = 0.0
         return out
@@ -99,15 +116,22 @@ class GumbelDetection:
 
 def scored_pairs(tokens, vocab_size: int, context_width: int, prompt=()) -> list[tuple[tuple[int, ...], int]]:
     """The (context, token) pairs a keyed detector scores: each token of ``tokens`` with the
-    ``context_width`` tokens before it (``prompt`` first), each distinct pair once, in order."""
+    ``context_width`` tokens before it (``prompt`` first), where that context occurs for the first
+    time in the text (the prompt included): the keyed schemes draw with a generator at a context
+    seen before (``seen_before``), so a later occurrence carries no evidence."""
     tokens = [int(t) for t in (tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens)]
     text = [int(t) for t in (prompt.tolist() if isinstance(prompt, torch.Tensor) else prompt)] + tokens
     context_width = check_int(context_width, "context_width", 1)
     if not tokens or not all(0 <= t < vocab_size for t in text):
         raise ValueError(f"tokens must be at least 1 token id in [0, {vocab_size}) (and prompt's too), "
                          f"got {tokens[:8]!r}")
-    start = len(text) - len(tokens)
-    return list(dict.fromkeys((tuple(text[max(0, i - context_width):i]), text[i]) for i in range(start, len(text))))
+    start, seen, pairs = len(text) - len(tokens), set(), []
+    for i, token in enumerate(text):
+        context = tuple(text[max(0, i - context_width):i])
+        if context not in seen and i >= start:
+            pairs.append((context, token))
+        seen.add(context)
+    return pairs
 
 
 def detect(tokens, vocab_size: int, key: int = KEY, context_width: int = 4, prompt=(), streams: int = 1

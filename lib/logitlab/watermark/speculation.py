@@ -13,8 +13,14 @@ of speculative sampling from the key instead of from a generator. Here:
   uniforms of key ``key + 1``; the bonus token after a fully accepted chain, and the first token,
   from ``p`` with those of key ``key``.
 
-For a key drawn at random these are independent uniforms wherever the contexts differ, so this is
-ordinary speculative sampling: the output follows the target exactly and is accepted as often.
+At a context that already occurred in the text (``gumbel.seen_before``), each of these choices is
+made with the loop's generator instead, as in plain speculative sampling: that context's uniforms
+may already have chosen a token of the text, and reused they would repeat it. The drafter and the
+rule ask the same question of the same text, so they always agree on which positions are keyed.
+
+For a key drawn at random the keyed draws use independent uniforms, each context's at most once,
+so this is ordinary speculative sampling: the output follows the target exactly and is accepted
+as often.
 For a fixed key, every token is a function of the key and the text before it, which is what makes
 a watermark strong: each token was chosen, by key ``key`` or ``key + 1``, for a large uniform, and
 ``gumbel.detect(..., streams=2)`` scores it.
@@ -29,7 +35,7 @@ from ..sampling.pipeline import target_probs
 from ..speculative.acceptance import AcceptanceRule
 from ..speculative.draft_model import DraftModelDrafter
 from .green_list import KEY, check_key
-from .gumbel import keyed_draw, keyed_uniforms, last_tokens
+from .gumbel import keyed_draw, keyed_uniforms, last_tokens, seen_before
 
 DRAFT, RESIDUAL, ACCEPT = 0, 1, 2  # the key offsets of the three streams
 
@@ -40,6 +46,17 @@ def row_context(text: torch.Tensor, row: int, extra=(), width: int = 4) -> list[
     return last_tokens(text[row].tolist() + [int(t) for t in extra], width)
 
 
+def keyed_here(text: torch.Tensor, row: int, extra=(), width: int = 4) -> bool:
+    """Whether a draw after row ``row`` of ``text`` and ``extra`` is keyed: its context has not
+    occurred in that text before (``gumbel.seen_before``)."""
+    return not seen_before(text[row].tolist() + [int(t) for t in extra], width)
+
+
+def generator_draw(p: torch.Tensor, generator) -> int:
+    """One token from ``p`` ``[V]`` (unnormalised is fine) with the loop's generator."""
+    return int(torch.multinomial(p.float(), 1, generator=generator))
+
+
 def check_temperature(config) -> None:
     if config.temperature == 0:
         raise ValueError("temperature: keyed speculative sampling draws from the key, which needs temperature > 0 "
@@ -48,8 +65,9 @@ def check_temperature(config) -> None:
 
 class KeyedDraftModel(DraftModelDrafter):
     """A draft model (``DraftModelDrafter``) whose proposals are Gumbel-max draws from its
-    processed distribution ``q`` with the uniforms of ``key`` at each context, not a generator's;
-    ``q`` is reported as it is, since over keys each proposal is distributed as ``q``."""
+    processed distribution ``q`` with the uniforms of ``key`` at each context, not a generator's
+    (the generator's draw at a context seen before); ``q`` is reported as it is, since over keys
+    each proposal is distributed as ``q``."""
 
     def __init__(self, model, key: int = KEY, context_width: int = 4):
         super().__init__(model)
@@ -58,10 +76,15 @@ class KeyedDraftModel(DraftModelDrafter):
 
     def sample(self, logits, config, generator, drafted):
         check_temperature(config)
-        q = target_probs(logits, config)
-        tokens = [keyed_draw(q[b], keyed_uniforms(row_context(self.text, b, [t[b] for t in drafted],
-                                                              self.context_width), self.vocab_size, self.key + DRAFT))
-                  for b in range(len(q))]
+        q, tokens = target_probs(logits, config), []
+        for b in range(len(q)):
+            extra = [t[b] for t in drafted]
+            if keyed_here(self.text, b, extra, self.context_width):
+                uniforms = keyed_uniforms(row_context(self.text, b, extra, self.context_width), self.vocab_size,
+                                          self.key + DRAFT)
+                tokens.append(keyed_draw(q[b], uniforms))
+            else:
+                tokens.append(generator_draw(q[b], generator))
         return torch.tensor(tokens, device=logits.device), q
 
 
@@ -82,11 +105,17 @@ class KeyedRejectionSampling(AcceptanceRule):
         return keyed_uniforms(row_context(self.text, row, extra, self.context_width), size or self.vocab_size,
                               self.key + stream)
 
+    def draw(self, p: torch.Tensor, row: int, extra, stream: int, generator) -> int:
+        """A token from ``p`` after row ``row``'s text and ``extra``: keyed by stream ``stream``
+        where that context is new to the text, with the generator where it is not."""
+        if keyed_here(self.text, row, extra, self.context_width):
+            return keyed_draw(p, self.uniforms(row, extra, stream))
+        return generator_draw(p, generator)
+
     def first_token(self, logits, config, generator=None):
         check_temperature(config)
         p = target_probs(logits, config)
-        return torch.tensor([keyed_draw(p[b], self.uniforms(b, (), DRAFT)) for b in range(len(p))],
-                            device=logits.device)
+        return torch.tensor([self.draw(p[b], b, (), DRAFT, generator) for b in range(len(p))], device=logits.device)
 
     def __call__(self, draft_tokens, q, p, target_logits, config, generator):
         check_temperature(config)
@@ -94,16 +123,19 @@ class KeyedRejectionSampling(AcceptanceRule):
         for b, drafts in enumerate(draft_tokens.tolist()):
             kept = 0
             for i, d in enumerate(drafts):
-                u = float(self.uniforms(b, drafts[:i], ACCEPT, size=1))
+                if keyed_here(self.text, b, drafts[:i], self.context_width):
+                    u = float(self.uniforms(b, drafts[:i], ACCEPT, size=1))
+                else:
+                    u = float(torch.rand(1, generator=generator, device=p.device))
                 if not u * float(q[b, i, d]) < float(p[b, i, d]):  # accept with probability min(1, p/q)
                     break
                 kept += 1
             if kept < len(drafts):  # the residual max(0, p - q); all of p where rounding left none
                 residual = (p[b, kept] - q[b, kept]).clamp_min(0)
                 residual = residual if float(residual.sum()) > 0 else p[b, kept]
-                token = keyed_draw(residual, self.uniforms(b, drafts[:kept], RESIDUAL))
+                token = self.draw(residual, b, drafts[:kept], RESIDUAL, generator)
             else:
-                token = keyed_draw(p[b, kept], self.uniforms(b, drafts, DRAFT))
+                token = self.draw(p[b, kept], b, drafts, DRAFT, generator)
             num.append(kept)
             nxt.append(token)
         device = draft_tokens.device

@@ -22,7 +22,7 @@ import torch
 from .._validate import check_int, check_logits
 from ..sampling.hf_processor import Processor
 from .green_list import KEY, check_key
-from .gumbel import context_seed, last_tokens, scored_pairs
+from .gumbel import context_seed, last_tokens, scored_pairs, seen_before
 
 
 def g_values(context, vocab_size: int, layers: int, key: int = KEY) -> torch.Tensor:
@@ -47,7 +47,8 @@ class TournamentWatermark(Processor):
     """The watermark as a logits processor: each row's distribution (``softmax(scores)``; put
     the temperature and truncation in processors before it) becomes the tournament's winner's,
     seeded by its last ``context_width`` tokens; returned as log-probabilities, to be sampled at
-    temperature 1."""
+    temperature 1. Where that context already occurred in the row (``gumbel.seen_before``: its
+    g-values would tilt a second draw the same way), the row's distribution is left as it is."""
 
     def __init__(self, vocab_size: int, key: int = KEY, layers: int = 30, context_width: int = 4):
         self.vocab_size = check_int(vocab_size, "vocab_size", 2)
@@ -60,9 +61,10 @@ class TournamentWatermark(Processor):
         if scores.shape[-1] != self.vocab_size:
             raise ValueError(f"scores must have vocab_size = {self.vocab_size} columns, got {scores.shape[-1]}")
         probs = torch.softmax(scores.float(), dim=-1)
-        g = torch.stack([g_values(last_tokens(ids, self.context_width), self.vocab_size, self.layers, self.key)
-                         for ids in input_ids.tolist()])  # [batch, layers, V]
-        out = torch.stack([tournament_probs(p, rows) for p, rows in zip(probs, g)])
+        out = torch.stack([p if seen_before(ids, self.context_width) else
+                           tournament_probs(p, g_values(last_tokens(ids, self.context_width), self.vocab_size,
+                                                        self.layers, self.key))
+                           for p, ids in zip(probs, input_ids.tolist())])
         return out.log().to(scores.dtype)
 
 
@@ -78,7 +80,8 @@ class TournamentDetection:
 
 def detect(tokens, vocab_size: int, key: int = KEY, layers: int = 30, context_width: int = 4,
            prompt=()) -> TournamentDetection:
-    """The mean score of ``tokens`` (after ``prompt``), each (context, token) pair counted once."""
+    """The mean score of ``tokens`` (after ``prompt``), each context's first occurrence counted
+    (``gumbel.scored_pairs``)."""
     from scipy.stats import binom
 
     vocab_size, key, layers = check_int(vocab_size, "vocab_size", 2), check_key(key), check_int(layers, "layers", 1)
