@@ -110,8 +110,8 @@ def predicted(alpha, gamma, c, v):
     return tokens / (gamma * c + v[gamma + 1])
 
 
-def best_gamma(alpha, c, v, largest=max):
-    gammas = range(1, largest(v))
+def best_gamma(alpha, c, v, sizes=lambda v: sorted(n - 1 for n in v if n >= 2)):
+    gammas = sizes(v)  # every gamma whose pass size gamma + 1 was measured
     best = max(predicted(alpha, g, c, v) for g in gammas)
     return next(g for g in gammas if predicted(alpha, g, c, v) >= best * (1 - 1e-12))
 
@@ -124,7 +124,7 @@ def test_right_chapter_13_answers_pass(capsys):
     check_best_gamma(best_gamma)
     check_truncation_distance(truncation_distance)
     out = capsys.readouterr().out
-    assert "check_best_gamma: all 11 cases passed" in out and "check_truncation_distance: all 6 cases passed" in out
+    assert "check_best_gamma: all 12 cases passed" in out and "check_truncation_distance: all 6 cases passed" in out
 
 
 def longest_chain_when_always_right(alpha, c, v):
@@ -133,8 +133,10 @@ def longest_chain_when_always_right(alpha, c, v):
 
 @pytest.mark.parametrize("fn, message", [
     (longest_chain_when_always_right, "a drafter that is always right but costs 0.8 of a step.*expected gamma = 1, got 6"),
-    (lambda alpha, c, v: best_gamma(alpha, c, v, largest=len),  # len(v) taken for the largest pass size
-     "v without the cost of a one-token pass.*expected gamma = 4, got 3"),
+    (lambda alpha, c, v: best_gamma(alpha, c, v, sizes=lambda v: range(1, max(v))),  # every gamma up to the largest
+     "a row of measured sizes with gaps.*KeyError"),
+    (lambda alpha, c, v: best_gamma(alpha, c, {n: v[n] for n in sorted(v)[:4]}),  # only the first four sizes
+     "a good drafter on a machine where a pass costs one step.*expected gamma = 8, got 3"),
     (lambda alpha, c, v: best_gamma(alpha, c, {n + 1: cost for n, cost in v.items()}), "v\\[gamma \\+ 1\\]"),
 ])
 def test_check_best_gamma_explains_the_first_wrong_case(fn, message):

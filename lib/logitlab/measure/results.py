@@ -344,5 +344,6 @@ def gpu_speed() -> dict:
     """The H200 run: ``info`` (device, versions), ``settings``, ``measurements`` (``decode_step_ms``,
     ``c_draft_model``, ``v_n``) and ``rows`` (one per contender and temperature, with
     ``ratio_over_ll_generate``, and for a drafter ``tokens_per_target_call``, ``alpha``,
-    ``verify_call_ms``)."""
+    ``verify_call_ms``: recorded by a script that is not in the repository, apart from the timed runs,
+    and longer than a whole call of the draft model with one draft at T = 0; chapter 13 does not use it)."""
     return json.loads((DATA / "gpu_speed_h200.json").read_text())

@@ -149,7 +149,7 @@ def _reference_size(costs: dict, rank_probs, overhead: float) -> int:
 @asks_for(best_size, allows=(template_chances, tree_template))  # the exercise gives both
 def check_tree_size(fn) -> None:
     """Check ``fn(costs, rank_probs, overhead) -> int`` (chapter 10): the number of nodes of the
-    Token Recycling tree that gives the most tokens per unit of time, among the sizes n with
+    Token Recycling tree that gives the most tokens per unit of time, among the sizes n >= 1 with
     ``n + 1`` in ``costs`` (a pass over the pending token and n nodes costs ``costs[n + 1]``
     decode steps, and the loop adds ``overhead`` steps per call); a tree of n nodes keeps
     ``1 + sum(template_chances(*tree_template(n, rank_probs), rank_probs))`` tokens, expected.

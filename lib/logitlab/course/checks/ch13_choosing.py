@@ -13,9 +13,10 @@ from .common import CheckFailed, asks_for, call_unchanged, case_generator, draw_
 
 
 def _reference_gamma(alpha: float, c: float, v: dict) -> int:
-    """The gamma in 1..max(v) - 1 with the highest predicted speedup; the smallest on a tie."""
+    """The gamma, among those whose pass size gamma + 1 is in v, with the highest predicted
+    speedup; the smallest on a tie."""
 
-    gammas = range(1, max(v))
+    gammas = sorted(n - 1 for n in v if n >= 2)
     scores = [speedup(alpha, g, c, v[g + 1]) for g in gammas]
     best = max(scores)
     return next(g for g, s in zip(gammas, scores) if s >= best * (1 - 1e-12))
@@ -23,8 +24,8 @@ def _reference_gamma(alpha: float, c: float, v: dict) -> int:
 
 @asks_for(speedup, expected_tokens)
 def check_best_gamma(fn) -> None:
-    """Check ``fn(alpha, c, v) -> int`` (chapter 13): the number of drafts per call, among
-    1 .. max(v) - 1, that the cost model predicts to be fastest, where a call costs ``gamma * c``
+    """Check ``fn(alpha, c, v) -> int`` (chapter 13): the number of drafts per call, among the
+    gamma >= 1 whose pass size gamma + 1 is in ``v``, that the cost model predicts to be fastest, where a call costs ``gamma * c``
     decode steps of drafting and ``v[gamma + 1]`` for the target's pass (``v`` maps a pass size
     to its cost in decode steps); the smallest such gamma on a tie."""
     flat = {n: 1.0 for n in range(1, 10)}
@@ -45,18 +46,22 @@ def check_best_gamma(fn) -> None:
         ("a free drafter that is always right", 1.0, 0.0, flat,
          "alpha = 1 and c = 0: every draft is kept for free, so the longest chain allowed."),
         ("an expensive drafter", 0.7, 0.4, cpu, "c is the price of one draft, paid gamma times per call."),
-        ("only gamma = 1 allowed", 0.9, 0.01, {1: 1.0, 2: 1.1}, "gamma runs from 1 to max(v) - 1."),
+        ("only gamma = 1 allowed", 0.9, 0.01, {1: 1.0, 2: 1.1}, "gamma + 1 must be a pass size in v."),
+        ("a row of measured sizes with gaps", 0.8, 0.05, {1: 1.0, 2: 1.1, 4: 1.3, 8: 1.6, 16: 2.4}, (
+            "v holds only the measured sizes (here 2, 4, 8, 16): the candidates are gamma = 1, 3, 7, 15, "
+            "each gamma + 1 a key of v."
+        )),
         ("a drafter that is always right but costs 0.8 of a step", 1.0, 0.8, steep, (
             "alpha = 1 does not mean the longest chain: each draft still costs c, and here a draft and "
             "its place in the pass cost more than the token it brings. Compare the speedups."
         )),
         ("v without the cost of a one-token pass", 0.8, 0.05, {2: 1.08, 3: 1.15, 4: 1.22, 5: 1.31}, (
-            "Only v(gamma + 1) is used, so v need not hold n = 1: gamma runs up to max(v) - 1, "
-            "which is not len(v) - 1 here."
+            "Only v(gamma + 1) is used, so v need not hold n = 1: the candidates are n - 1 for every "
+            "size n >= 2 in v."
         )),
     ]
     random = [(f"Random case {number} of 8", *machine, "Compare the predicted speedups "
-               "expected_tokens(alpha, gamma) / (gamma * c + v[gamma + 1]) of every gamma from 1 to max(v) - 1.")
+               "expected_tokens(alpha, gamma) / (gamma * c + v[gamma + 1]) of every gamma whose gamma + 1 is in v.")
               for number, machine in enumerate(_random_machines(8), start=1)]
     for name, alpha, c, v, hint in [(f"Case {name}", *rest) for name, *rest in cases] + random:
         label = f"{name} (alpha {alpha}, c {c}, v {v})"
