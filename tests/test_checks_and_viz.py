@@ -170,6 +170,19 @@ def test_viz_functions_draw_and_label_tokens():
         ll.viz.plot_top_tokens(logits[None], tok)
 
 
+def test_panels_sharing_their_y_axis_all_put_the_most_likely_token_on_top():
+    # Four panels with sharey=True, as chapter 2 draws its rules: each inversion of one panel flips
+    # them all, so four inversions would leave the favourite at the bottom.
+    import matplotlib.pyplot as plt
+
+    tok, probs = CharTokenizer(), ll.softmax(torch.randn(20, generator=torch.Generator().manual_seed(1)))
+    fig, axes = plt.subplots(1, 4, sharey=True)
+    for ax in axes:
+        ll.viz.plot_kept(probs, probs > 0.05, tok, k=6, ax=ax)
+    assert all(ax.yaxis_inverted() for ax in axes)  # bar 0, the most likely, at the top
+    plt.close(fig)
+
+
 def test_inverse_transform_picture_marks_the_token_sample_returns():
     tok = CharTokenizer()
     probs = torch.tensor([0.12, 0.05, 0.4, 0.05, 0.3, 0.08])

@@ -42,6 +42,13 @@ def top_tokens_table(logits: torch.Tensor, tokenizer, k: int = 10, temperature: 
     return Markdown("\n".join(lines))
 
 
+def most_likely_on_top(ax) -> None:
+    """Bar 0 (the most likely token) at the top: the y-axis inverted once. Panels that share
+    their y-axis share its inversion, so inverting each of them again would flip it back."""
+    if not ax.yaxis_inverted():
+        ax.invert_yaxis()
+
+
 def plot_top_tokens(probs: torch.Tensor, tokenizer, k: int = 15, ax=None, title: str | None = None, color="C0"):
     """Horizontal bars of the ``k`` most likely tokens of one distribution ``probs [vocab]``."""
     check_row(probs)
@@ -50,7 +57,7 @@ def plot_top_tokens(probs: torch.Tensor, tokenizer, k: int = 15, ax=None, title:
     labels = [token_label(tokenizer, i) for i in top.indices.tolist()]
     ax.barh(range(k), top.values.tolist(), color=color)
     ax.set_yticks(range(k), labels, fontsize=8)
-    ax.invert_yaxis()  # the most likely token on top
+    most_likely_on_top(ax)
     ax.set_xlabel("probability")
     ax.set_xlim(0, max(1e-9, float(top.values[0])) * 1.1)
     if title:
@@ -135,7 +142,7 @@ def plot_kept(probs: torch.Tensor, kept: torch.Tensor, tokenizer, k: int = 30, a
     colors = ["C0" if x else "lightgray" for x in keep]
     ax.barh(range(k), top.values.tolist(), color=colors)
     ax.set_yticks(range(k), [token_label(tokenizer, i) for i in top.indices.tolist()], fontsize=7)
-    ax.invert_yaxis()
+    most_likely_on_top(ax)
     ax.set_xlabel("probability")
     if title:
         ax.set_title(title, fontsize=9)
