@@ -45,13 +45,18 @@ def last_tokens(ids, width: int) -> list[int]:
     return [int(t) for t in ids if t >= 0][-width:]
 
 
+def contexts(text, width: int) -> list[tuple[int, ...]]:
+    """The context of every position of ``text`` and of the one after it: the (up to) ``width``
+    tokens before each, ``len(text) + 1`` tuples."""
+    return [tuple(text[max(0, i - width):i]) for i in range(len(text) + 1)]
+
+
 def seen_before(ids, width: int) -> bool:
     """Whether the context a keyed draw after ``ids`` hashes (its last ``width`` tokens, padding
     left out) is already the context of an earlier position of ``ids``: its uniforms may then have
     chosen a token of this text, and a second draw from them would not be a fresh sample."""
-    ids = last_tokens(ids, len(ids))
-    context = ids[len(ids) - width:] if len(ids) > width else ids
-    return any(ids[max(0, i - width):i] == context for i in range(len(ids)))
+    *earlier, now = contexts(last_tokens(ids, len(ids)), width)  # last_tokens drops the padding
+    return now in earlier
 
 
 def keyed_uniforms(context, vocab_size: int, key: int = KEY) -> torch.Tensor:
@@ -126,8 +131,7 @@ def scored_pairs(tokens, vocab_size: int, context_width: int, prompt=()) -> list
         raise ValueError(f"tokens must be at least 1 token id in [0, {vocab_size}) (and prompt's too), "
                          f"got {tokens[:8]!r}")
     start, seen, pairs = len(text) - len(tokens), set(), []
-    for i, token in enumerate(text):
-        context = tuple(text[max(0, i - context_width):i])
+    for i, (context, token) in enumerate(zip(contexts(text, context_width), text)):
         if context not in seen and i >= start:
             pairs.append((context, token))
         seen.add(context)
