@@ -158,8 +158,11 @@ def test_viz_functions_draw_and_label_tokens():
     heights = [bar.get_width() for bar in ax.patches]
     assert heights == sorted(heights, reverse=True)
     fig = ll.viz.plot_temperatures(logits, tok, temperatures=(0.0, 1.0), k=4)
-    assert fig.axes[0].patches[0].get_width() == 1.0  # T = 0: all the mass on the top token
+    top_bar = fig.axes[0].patches[0]
+    assert top_bar.get_x() + top_bar.get_width() == pytest.approx(1.0)  # T = 0: all the mass on one token
+    assert [bar.get_width() for bar in fig.axes[0].patches[1:]] == [0.0] * 3  # a 0 has no bar on a log axis
     assert fig.axes[0].get_xlim() == fig.axes[1].get_xlim()  # one scale for every panel
+    assert fig.axes[1].get_xscale() == "log"
     t1 = ll.softmax(logits)[torch.topk(logits, 4).indices]
     assert [t.get_text() for t in fig.axes[1].texts] == [f"{q:.2g}" for q in t1.tolist()]
     table = ll.viz.top_tokens_table(logits, tok, k=3).data
@@ -196,6 +199,37 @@ def test_inverse_transform_picture_marks_the_token_sample_returns():
     assert widths == [0.05, 0.05, 0.08, 0.12, 0.3, 0.4]  # a, c, e and the grey b, d, f
     with pytest.raises(ValueError, match="1-D"):
         ll.viz.plot_inverse_transform(probs[None], tok, uniforms=[0.5])
+
+
+def test_surprisal_picture_splits_the_mass_and_shades_the_typical_window():
+    import math
+
+    import matplotlib.pyplot as plt
+
+    from logitlab.sampling import truncation
+
+    # A favourite of 0.4 and six tokens of 0.1: H = 1.75 nats; the six lie 0.55 from H, the
+    # favourite 0.83, so typical sampling at mass 0.5 keeps the six (tied) and drops the favourite.
+    probs = torch.tensor([0.4] + [0.1] * 6)
+    kept = ~truncation.typical(probs.log(), 0.5).isneginf()
+    assert kept.tolist() == [False] + [True] * 6
+    ax = ll.viz.plot_surprisal(probs, kept, CharTokenizer(), bin_width=0.1)
+    kept_bars, removed_bars = ax.containers  # stacked: kept first, removed on top
+    assert sum(bar.get_height() for bar in kept_bars) == pytest.approx(0.6)
+    assert sum(bar.get_height() for bar in removed_bars) == pytest.approx(0.4)
+    entropy = -(0.4 * math.log(0.4) + 0.6 * math.log(0.1))
+    assert ax.lines[0].get_xdata()[0] == pytest.approx(entropy)  # the dashed line at H
+    d = math.log(10) - entropy
+    band = next(p for p in ax.patches if p.get_label().startswith("H ±"))  # the shaded window
+    assert [band.get_x(), band.get_x() + band.get_width()] == pytest.approx([entropy - d, entropy + d])
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend[0] == "kept: 6 tokens, mass 0.60" and legend[1] == "removed: 1 tokens, mass 0.40"
+    assert any("favourite a, p = 0.40" in t.get_text() for t in ax.texts)
+    plt.close(ax.figure)
+    with pytest.raises(ValueError, match="kept"):
+        ll.viz.plot_surprisal(probs, kept[:3], CharTokenizer())
+    with pytest.raises(ValueError, match="kept"):
+        ll.viz.plot_surprisal(probs, torch.zeros(7, dtype=torch.bool), CharTokenizer())
 
 
 def test_next_token_logits_validates_prompt():

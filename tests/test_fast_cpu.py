@@ -58,6 +58,22 @@ def test_transposed_is_f_linear_to_rounding(rows, bias, parts):
     torch.testing.assert_close(ours, plain, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 17])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_is_f_linear_to_rounding(rows, bias):
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(300, 64, generator=gen)
+    b = torch.randn(300, generator=gen) if bias else None
+    x = torch.randn(2, rows, 64, generator=gen)
+    try:
+        weight_packed = fast_cpu.packed_weight(weight)
+    except (RuntimeError, AttributeError):
+        pytest.skip("this build of PyTorch cannot pack weights for oneDNN")
+    ours, plain = fast_cpu.packed(x, weight_packed, b), F.linear(x, weight, b)
+    assert ours.shape == plain.shape == (2, rows, 300)
+    torch.testing.assert_close(ours, plain, rtol=1e-5, atol=1e-4)
+
+
 def test_transposed_blocks_divide_the_outputs_evenly():
     weight = torch.randn(12, 5)
     assert fast_cpu.transposed_blocks(weight, 5).shape == (4, 5, 3)  # 5 parts do not divide 12: 4 do

@@ -295,6 +295,18 @@ def transposed(x: torch.Tensor, blocks: torch.Tensor, bias: torch.Tensor | None 
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
+def packed_weight(weight: torch.Tensor) -> torch.Tensor:
+    """A copy of ``weight`` laid out for oneDNN's product kernel, for up to 64 rows: what
+    :func:`packed` multiplies with. Raises RuntimeError or AttributeError where this build of
+    PyTorch cannot pack (a CPU without oneDNN)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), ROWS[-1])
+
+
+def packed(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, ·, bias)`` by oneDNN's kernel, from ``weight = packed_weight(·)``."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [None], "")
+
+
 def _forward(self, x: torch.Tensor) -> torch.Tensor:
     if torch.is_grad_enabled():
         return F.linear(x, self.weight, self.bias)
@@ -308,7 +320,7 @@ def _product(kernel: str, layer, x: torch.Tensor) -> torch.Tensor:
     if kernel == "turned":
         return turned(x, layer.weight, layer.bias)
     if kernel == "packed":
-        return torch.ops.mkldnn._linear_pointwise(x, layer.logitlab_packed, layer.bias, "none", [None], "")
+        return packed(x, layer.logitlab_packed, layer.bias)
     if kernel == "transposed":
         return transposed(x, layer.logitlab_transposed, layer.bias)
     return F.linear(x, layer.weight, layer.bias)
@@ -441,7 +453,7 @@ def _pack(linears) -> bool:
     """Lay every weight out for oneDNN; False where this build of PyTorch cannot."""
     try:
         for layer in linears:
-            layer.logitlab_packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), ROWS[-1])
+            layer.logitlab_packed = packed_weight(layer.weight)
     except (RuntimeError, AttributeError):
         for layer in linears:
             vars(layer).pop("logitlab_packed", None)

@@ -1,7 +1,8 @@
 """The book's plots and tables (its widgets are in ``logitlab.figures.widgets``).
 
 Chapter 1 uses ``token_label``, ``top_tokens_table``, ``plot_top_tokens``,
-``plot_temperatures`` and ``plot_inverse_transform``; chapter 2 adds ``plot_kept``, chapter 5
+``plot_temperatures`` and ``plot_inverse_transform``; chapter 2 adds ``plot_kept`` and
+``plot_surprisal``, chapter 5
 ``plot_tree``; chapters 6, 8 and 9 ``outcome_html`` (a
 speculative answer coloured by what became of each token); chapter 11 ``constraint_steps``.
 Plots draw on a matplotlib ``Axes`` (made for you when none is given) and return it, so a
@@ -10,7 +11,10 @@ chapter can add to them.
 
 from __future__ import annotations
 
+import math
+
 import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter
 import torch
 
 from ..probs import log_softmax, softmax
@@ -69,26 +73,35 @@ def plot_temperatures(logits: torch.Tensor, tokenizer, temperatures=(0.0, 0.5, 1
     """Small multiples: the top ``k`` tokens (ranked at T = 1) at several temperatures.
 
     The tokens are the same in every panel, so the panels show how the same probabilities
-    move. The panels share one x-axis, so that a bar's length compares across temperatures;
-    each bar carries its probability, which stays readable where the bars are short (high T).
-    Each title gives the total probability of the ``k`` tokens shown. The static companion of
-    :func:`temperature_widget`.
+    move. The panels share one logarithmic x-axis: a bar's length compares across temperatures,
+    the short bars of a high temperature stay visible, and since ``log p_i(T)`` is
+    ``(z_i - log Z) / T``, the gaps between the bars' ends shrink in proportion to ``1 / T``.
+    Each bar carries its probability; one below the axis (such as the 0 of greedy decoding)
+    has no bar, only its label. Each title gives the total probability of the ``k`` tokens
+    shown. The static companion of :func:`temperature_widget`.
     """
     check_row(logits)
     ids = torch.topk(logits, k).indices
     labels = [token_label(tokenizer, i) for i in ids.tolist()]
     panels = [softmax(logits.float(), t)[ids] for t in temperatures]
-    largest = max(float(p.max()) for p in panels)
+    positive = [q for p in panels for q in p.tolist() if q > 0]
+    # A log axis has no 0: the bars start a decade below the smallest one (at most six decades
+    # below 1, so that one vanishing probability does not squeeze the others).
+    floor = 10.0 ** max(-6, math.floor(math.log10(min(positive))))
+    largest = max(positive)
     fig, axes = plt.subplots(1, len(temperatures), figsize=(2.6 * len(temperatures), 0.26 * k + 1.2),
                              sharey=True, sharex=True)
     for ax, t, p in zip(axes, temperatures, panels):
-        bars = ax.barh(range(k), p.tolist(), color="C1" if t == 1.0 else "C0")
+        widths = [max(q, floor) - floor for q in p.tolist()]
+        bars = ax.barh(range(k), widths, left=floor, color="C1" if t == 1.0 else "C0")
         ax.bar_label(bars, [f"{q:.2g}" for q in p.tolist()], fontsize=6, padding=2)
         name = f"T = {t:g}" + (" (greedy)" if t == 0 else "")
         ax.set_title(f"{name}\nthese {k} tokens: {p.sum():.2f}", fontsize=9)
-        ax.set_xlabel("probability")
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))  # 0.01, not 10^-2
+        ax.set_xlabel("probability (log scale)")
         ax.tick_params(axis="x", labelsize=7)
-    axes[0].set_xlim(0, largest * 1.3)  # room for the labels of the longest bar
+    axes[0].set_xlim(floor, largest * 4)  # room for the label of the longest bar
     axes[0].set_yticks(range(k), labels, fontsize=8)
     axes[0].invert_yaxis()
     fig.tight_layout()
@@ -144,6 +157,55 @@ def plot_kept(probs: torch.Tensor, kept: torch.Tensor, tokenizer, k: int = 30, a
     ax.set_yticks(range(k), [token_label(tokenizer, i) for i in top.indices.tolist()], fontsize=7)
     most_likely_on_top(ax)
     ax.set_xlabel("probability")
+    if title:
+        ax.set_title(title, fontsize=9)
+    return ax
+
+
+def plot_surprisal(probs: torch.Tensor, kept: torch.Tensor, tokenizer, ax=None, title: str | None = None,
+                   bin_width: float = 0.25):
+    """A distribution ``probs [vocab]`` on the surprisal axis, as typical sampling sees it.
+
+    Each bar holds the probability of the tokens whose surprisal ``-log p`` falls in its bin
+    (``bin_width`` nats), split into the tokens that ``kept`` (a boolean mask ``[vocab]``) keeps
+    and those it removes. A dashed line marks the entropy ``H``, the mean surprisal; the shaded
+    band is ``H ± d``, ``d`` the largest distance from ``H`` of a kept token: for typical
+    sampling, the window it keeps. The most likely token is labelled. The axis stops where the
+    bins have covered 99.5% of the mass; the far tail beyond it is not drawn.
+    """
+    check_row(probs)
+    check_row(kept)
+    if kept.shape != probs.shape or kept.dtype != torch.bool or not kept.any():
+        raise ValueError("kept must be a boolean mask of the same shape as probs, keeping at least one token")
+    probs = probs.detach().cpu().double()
+    kept = kept.cpu()
+    surprisal = -probs.log()  # +inf for a probability of 0: such a token falls in no bin
+    entropy = float(-(probs * probs.log()).nan_to_num().sum())  # 0 * log 0 counts as 0
+    d = float((surprisal[kept] - entropy).abs().max())
+    order = surprisal.argsort()
+    covered = int((probs[order].cumsum(0) < 0.995).sum())  # tokens before 99.5% of the mass
+    right = math.ceil(float(surprisal[order[min(covered, len(order) - 1)]]) + 1)
+    bins = torch.arange(0, right + bin_width, bin_width).tolist()
+    ax = ax or plt.subplots(figsize=(6, 3.2))[1]
+    removed = ~kept
+    heights, _, _ = ax.hist([surprisal[kept].tolist(), surprisal[removed & surprisal.isfinite()].tolist()], bins=bins,
+            weights=[probs[kept].tolist(), probs[removed & surprisal.isfinite()].tolist()], stacked=True,
+            color=["C0", "lightgray"],
+            label=[f"kept: {int(kept.sum()):,} tokens, mass {float(probs[kept].sum()):.2f}",
+                   f"removed: {int(removed.sum()):,} tokens, mass {float(probs[removed].sum()):.2f}"])
+    ax.axvspan(entropy - d, entropy + d, color="C2", alpha=0.12, lw=0, label=f"H ± {d:.2f}")
+    ax.axvline(entropy, color="k", ls="--", lw=1, label=f"entropy H = {entropy:.2f}")
+    top = int(order[0])
+    tallest = float(heights[-1].max())  # the stacked bars' tops
+    bar_top = float(heights[-1][min(int(surprisal[top] // bin_width), len(bins) - 2)])
+    ax.annotate(f"favourite {token_label(tokenizer, top)}, p = {float(probs[top]):.2f}",
+                xy=(float(surprisal[top]), bar_top), xytext=(float(surprisal[top]), bar_top + 0.2 * tallest),
+                ha="left", va="bottom", fontsize=7, arrowprops={"arrowstyle": "->", "lw": 0.8})
+    ax.set_ylim(0, 1.45 * tallest)  # room above the bars for the label and the legend
+    ax.set_xlim(0, right)
+    ax.set_xlabel("surprisal −log p (nats)")
+    ax.set_ylabel(f"probability per {bin_width:g}-nat bin")
+    ax.legend(fontsize=7)
     if title:
         ax.set_title(title, fontsize=9)
     return ax
