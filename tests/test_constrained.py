@@ -723,3 +723,29 @@ def test_masking_and_conditioning_are_each_what_sampling_gives_and_they_differ()
     seen = counts(kept)
     assert len(kept) > 3000 and chisquare(seen, seen.sum() * conditional).pvalue > 1e-4
     assert 0.5 * (masked_p - conditional).abs().sum() > 0.1
+
+
+class _BytesTokenizer:
+    """Just enough of a tokenizer for ll.viz.constraint_steps: each token is one entry of ``vocab``."""
+
+    def __init__(self, vocab):
+        self.vocab = vocab
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [self.vocab.index(ch.encode()) for ch in text]}
+
+    def decode(self, ids):
+        return b"".join(self.vocab[i] or b"" for i in ids).decode()
+
+
+def test_constraint_steps_walk_a_text_and_stop_at_the_first_forbidden_token():
+    from logitlab.figures.viz import constraint_steps
+
+    vocab = [b"a", b"b", b"ab", None, b"abb", b"ba"]
+    c = Constraint("ab", vocab=vocab, eos_token_id=3)
+    rows = constraint_steps(c, _BytesTokenizer(vocab), "ab").data.splitlines()[2:]
+    assert rows[0].startswith("| 0 | (empty) | 2 | a ab | no |")  # nothing written yet: "a" or "ab"
+    assert rows[1].startswith("| 1 | `a` | 1 | b | no |")
+    assert rows[2].startswith("| 2 | `ab` | 1 |  | yes |")  # only EOS, which is not listed
+    forbidden = constraint_steps(c, _BytesTokenizer(vocab), "b").data.splitlines()[2:]
+    assert forbidden[-1].startswith("| 1 | `b` | 0 | b is not allowed here | no |")

@@ -268,8 +268,9 @@ def constraint_steps(constraint, tokenizer, text: str, examples: int = 6):
             break
     lines = ["| step | output so far | tokens allowed next | e.g. | complete (EOS allowed) |", "|---:|:---|---:|:---|:---|"]
     for row in rows:
-        shown = row["so far"].replace("|", "\\|").replace("\n", "\\n") or " "
-        lines.append(f"| {row['step']} | `{shown}` | {row['allowed']} | {row['e.g.'].replace('|', '/')} | "
+        shown = row["so far"].replace("|", "\\|").replace("\n", "\\n")
+        shown = f"`{shown}`" if shown else "(empty)"
+        lines.append(f"| {row['step']} | {shown} | {row['allowed']} | {row['e.g.'].replace('|', '/')} | "
                      f"{'yes' if row['EOS allowed'] else 'no'} |")
     return Markdown("\n".join(lines))
 

@@ -3,8 +3,10 @@
 A watermark that changes the target's distribution (the green list) or makes it a point mass
 given the key (the Gumbel-max watermark as a processor) lowers how often a draft is accepted:
 speculative sampling then verifies drafts against a distribution the drafter does not know.
-He et al. (2026) keep both: leave the target's distribution alone, and take *every* random choice
-of speculative sampling from the key instead of from a generator. Here:
+He et al. (2026) keep the acceptance: leave the target's distribution alone, and take *every*
+random choice of speculative sampling from the key instead of from a generator (the mark's
+evidence per token is then weaker than the Gumbel-max mark's on the target alone, as chapter 12
+measures). Here:
 
 * the drafter draws each proposal by the Gumbel-max rule from its own distribution ``q`` with
   the uniforms of key ``key`` at that context (``KeyedDraftModel``);
