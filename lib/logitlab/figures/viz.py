@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter
 import torch
 
-from ..probs import log_softmax, softmax
+from ..probs import entropy, log_softmax, softmax
 from ..sampling.draw import inverse_transform
 
 
@@ -180,8 +180,8 @@ def plot_surprisal(probs: torch.Tensor, kept: torch.Tensor, tokenizer, ax=None, 
     probs = probs.detach().cpu().double()
     kept = kept.cpu()
     surprisal = -probs.log()  # +inf for a probability of 0: such a token falls in no bin
-    entropy = float(-(probs * probs.log()).nan_to_num().sum())  # 0 * log 0 counts as 0
-    d = float((surprisal[kept] - entropy).abs().max())
+    h = float(entropy(probs))  # the mean surprisal
+    d = float((surprisal[kept] - h).abs().max())
     order = surprisal.argsort()
     covered = int((probs[order].cumsum(0) < 0.995).sum())  # tokens before 99.5% of the mass
     right = math.ceil(float(surprisal[order[min(covered, len(order) - 1)]]) + 1)
@@ -193,8 +193,8 @@ def plot_surprisal(probs: torch.Tensor, kept: torch.Tensor, tokenizer, ax=None, 
             color=["C0", "lightgray"],
             label=[f"kept: {int(kept.sum()):,} tokens, mass {float(probs[kept].sum()):.2f}",
                    f"removed: {int(removed.sum()):,} tokens, mass {float(probs[removed].sum()):.2f}"])
-    ax.axvspan(entropy - d, entropy + d, color="C2", alpha=0.12, lw=0, label=f"H ± {d:.2f}")
-    ax.axvline(entropy, color="k", ls="--", lw=1, label=f"entropy H = {entropy:.2f}")
+    ax.axvspan(h - d, h + d, color="C2", alpha=0.12, lw=0, label=f"H ± {d:.2f}")
+    ax.axvline(h, color="k", ls="--", lw=1, label=f"entropy H = {h:.2f}")
     top = int(order[0])
     tallest = float(heights[-1].max())  # the stacked bars' tops
     bar_top = float(heights[-1][min(int(surprisal[top] // bin_width), len(bins) - 2)])
