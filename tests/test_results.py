@@ -85,6 +85,18 @@ def test_the_shipped_training_free_run_is_three_runs_of_those_drafters_on_every_
         "book/benchmarks.md is stale: run ll.results.write_into_page('book/benchmarks.md')"
 
 
+def test_the_leaderboards_token_recycling_is_set_beside_a_warmed_table_where_the_run_has_one():
+    # The leaderboard's Token Recycling keeps its table across queries: the warmed 8-node row, not
+    # the empty table's (which comes first in the run); a run without warmed rows gets the empty one.
+    board = {"Token Recycling": (2.73, 2.22)}
+    run = results.training_free_run()
+    line = next(l for l in results.spec_bench_markdown(run, leaderboard=board).splitlines() if l.startswith("| Token Recycling | 2.73"))
+    assert "| Token Recycling, table warmed on 40 other prompts (8-node tree, depth <= 6) |" in line, line
+    cold = dict(run, rows=[r for r in run["rows"] if "warmed" not in r["measurement"]])
+    line = next(l for l in results.spec_bench_markdown(cold, leaderboard=board).splitlines() if l.startswith("| Token Recycling | 2.73"))
+    assert "| Token Recycling (8-node tree, depth <= 6) |" in line, line
+
+
 def test_the_shipped_retrained_eagle_run_is_three_runs_of_its_chain_and_tree_on_every_task():
     from logitlab.spec_bench import TASKS
 
