@@ -6,9 +6,12 @@ The student site in it is built here from the chapters as committed (without out
 figures: `make publish` uses the executed chapters of `make student`), which has the same text:
 the solutions it must not show are in that text, not in the figures."""
 
+import fcntl
 import html
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -20,13 +23,27 @@ from logitlab.course import website
 from logitlab.course.run import ROOT, leaked_solutions, publish, solution_lines
 
 
-@pytest.fixture(scope="module")
-def tree(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("publish")
+def build_tree(folder):
     site = website.assemble(ROOT / "chapters", folder / "student-site", student=True)
     result = website.build(site)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return publish(folder / "publish", site=site / "_build" / "html")
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    """The publishable tree, a copy for each test process (a test plants lines in it). Under
+    pytest-xdist the site is built once per run (15 s): the first worker to need it builds it, under
+    a lock, in the run's shared temporary folder, and the others copy it."""
+    own = tmp_path_factory.mktemp("publish")
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return build_tree(own)
+    shared = tmp_path_factory.getbasetemp().parent  # the run's folder, above every worker's own
+    with open(shared / "publish.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (shared / "publish" / "publish").is_dir():
+            build_tree(shared / "publish")
+    return shutil.copytree(shared / "publish" / "publish", own / "publish")
 
 
 @pytest.mark.slow
