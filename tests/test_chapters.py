@@ -19,14 +19,17 @@ cell may use a name that the exercise cell, or a cell removed from the student's
 run above stand for every student copy with any set of solutions missing."""
 
 import ast
+import asyncio
 import os
+import queue
+import time
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from logitlab.course.chapters import (WIDGET_CELL_TIMEOUT, execute, is_exercise, record, sources_key, timeout_for,
-                                      up_to_date)
+from logitlab.course.chapters import (WIDGET_CELL_TIMEOUT, execute, is_exercise, listen_in_slices, record, sources_key,
+                                      timeout_for, up_to_date)
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
@@ -94,6 +97,45 @@ def test_the_cells_that_make_widgets_get_the_short_timeout():
     assert all(timeout_for(cell, CELL_TIMEOUT) == WIDGET_CELL_TIMEOUT for cell in widget_cells)
     assert timeout_for(nbformat.v4.new_code_cell("x = 1"), CELL_TIMEOUT) == CELL_TIMEOUT
     assert timeout_for(nbformat.v4.new_code_cell("x = 1")) is None  # the book's build: no limit
+
+
+class MissingChannel:
+    """A kernel channel whose message arrives while a wait is under way and is missed by that
+    wait, as nbclient's wait for a widget cell's reply was: a wait sees only what had arrived
+    when it began, and ends at its timeout (or never, without one)."""
+
+    def __init__(self, arrives_after: float | None):
+        self.arrives = None if arrives_after is None else time.monotonic() + arrives_after
+
+    async def get_msg(self, timeout=None):
+        arrived = self.arrives is not None and time.monotonic() >= self.arrives
+        if arrived:
+            return {"msg_type": "execute_reply"}
+        if timeout is None:
+            await asyncio.sleep(3600)
+        await asyncio.sleep(timeout)
+        raise queue.Empty
+
+
+def test_a_wait_in_slices_finds_a_message_one_long_wait_missed():
+    async def wait(channel, timeout):
+        start = time.monotonic()
+        try:  # a wait without a timeout that misses the message would never end: 3 s bound it here
+            return await asyncio.wait_for(channel.get_msg(timeout=timeout), 3), time.monotonic() - start
+        except (queue.Empty, asyncio.TimeoutError):
+            return None, time.monotonic() - start
+
+    plain = MissingChannel(arrives_after=0.05)
+    assert asyncio.run(wait(plain, 1.0))[0] is None  # the long wait missed it, up to its timeout
+    for timeout in (None, 2.0):
+        sliced = MissingChannel(arrives_after=0.05)
+        listen_in_slices(sliced, seconds=0.1)
+        message, took = asyncio.run(wait(sliced, timeout))
+        assert message == {"msg_type": "execute_reply"} and took < 0.5, (timeout, took)
+    never = MissingChannel(arrives_after=None)
+    listen_in_slices(never, seconds=0.1)
+    message, took = asyncio.run(wait(never, 0.35))
+    assert message is None and 0.3 < took < 0.6  # its own timeout still holds
 
 
 def test_an_executed_chapter_is_kept_until_its_sources_change(tmp_path, monkeypatch):

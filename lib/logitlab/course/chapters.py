@@ -24,6 +24,7 @@ import argparse
 import functools
 import hashlib
 import os
+import queue
 import sys
 import time
 from pathlib import Path
@@ -36,9 +37,32 @@ ROOT = Path(__file__).resolve().parents[3]
 LIBRARY = Path(__file__).resolve().parents[1]
 # After a cell that makes a widget, nbclient sometimes waited for the kernel's reply until the
 # cell's timeout, then went on: chapter 8 lost exactly 600 s after its widget cell in two full
-# `make test` runs. Those cells take under 2 s (1.9 s at most in two full runs): a minute bounds
-# the loss and leaves a busy machine thirty times their time. Every other cell runs as long as it needs.
+# `make test` runs, chapter 5 60 s in another. The kernel had sent its reply at once (the reply's
+# own timestamp is the cell's end): the wait on the socket missed the message's arrival.
+# `listen_in_slices` makes every wait look again each second, which finds such a message (a
+# notebook of 8 widget cells, executed 40 times in turn with and without it beside a `make test` on
+# the 2-core Xeon: 6 of 20 runs stalled without, none of 20 with); the bound below stays for a real hang. Those cells take under 2 s (1.9 s at most in two full runs):
+# a minute leaves a busy machine thirty times their time. Every other cell runs as long as it needs.
 WIDGET_CELL_TIMEOUT = 60
+
+
+def listen_in_slices(channel, seconds: float = 1.0) -> None:
+    """Make ``channel.get_msg`` (a kernel client's asynchronous channel) wait in slices of
+    ``seconds``, polling the socket afresh each time, until a message comes or its own timeout
+    (if any) runs out: a message whose arrival one long wait missed is found by the next poll."""
+    get_msg = channel.get_msg
+
+    async def get_msg_in_slices(timeout: float | None = None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = seconds if deadline is None else min(seconds, max(0.0, deadline - time.monotonic()))
+            try:
+                return await get_msg(timeout=left)
+            except queue.Empty:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+
+    channel.get_msg = get_msg_in_slices
 
 
 def timeout_for(cell, cell_timeout: int | None = None) -> int | None:
@@ -76,6 +100,8 @@ def execute(path: Path, out_dir: Path, cell_timeout: int | None = None) -> list[
                             resources={"metadata": {"path": str(out_dir)}})
     problems, number = [], 0  # number: the chapter's own cells, as Jupyter would count them
     with client.setup_kernel():
+        listen_in_slices(client.kc.shell_channel)
+        listen_in_slices(client.kc.iopub_channel)
         info = client.wait_for_reply(client.kc.kernel_info())
         nb.metadata["language_info"] = info["content"]["language_info"]
         for index, cell in enumerate(nb.cells):
