@@ -351,6 +351,20 @@ def test_the_notebooks_own_run_only_takes_points_away():
     assert notebook_status({"outputs": []}, True) == "timeout" and notebook_status({}, False) == "no result"
 
 
+def test_a_notebooks_run_waits_for_replies_in_slices(tmp_path, monkeypatch):
+    """Each returned notebook's run listens to its kernel as the chapters' runs do
+    (``listen_in_slices``): a widget cell's missed reply would otherwise hold the run until the
+    cell's timeout and mark the honest exercises after it "timeout"."""
+    from logitlab.course import grade as grader
+
+    listened = []
+    monkeypatch.setattr(grader, "listen_in_slices", listened.append)
+    notebook(tmp_path, "ada", "x = 6 * 7\nprint(x)")
+    grader.run_in_child(tmp_path / "ada.ipynb", cell_timeout=60)
+    assert [type(c).__name__ for c in listened] == ["AsyncZMQSocketChannel"] * 2 and listened[0] is not listened[1]
+    assert "".join(json.loads((tmp_path / "ada.ipynb").read_text())["cells"][0]["outputs"][0]["text"]) == "42\n"
+
+
 def test_bad_arguments_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(tmp_path / "nowhere")])

@@ -50,6 +50,7 @@ from pathlib import Path
 
 import torch
 
+from .chapters import listen_in_slices
 from .gradebook import counted_checks, exercise_points, known_checks, write_sheet
 from .sandbox import (DefinitionError, ProcessEnded, Sandbox, SandboxTimeout, function_name, jailed_python,
                       limits)
@@ -261,6 +262,10 @@ def run_in_child(notebook: Path, cell_timeout: int) -> None:
     nb = nbformat.read(notebook, as_version=4)
     client = NotebookClient(nb, timeout=cell_timeout, kernel_name="python3", allow_errors=True,
                             resources={"metadata": {"path": str(notebook.parent)}})
+    # Without it, a widget cell's reply could be missed until the cell's timeout: the run would
+    # then be cut off there and the later exercises of an honest notebook marked "timeout".
+    client.on_notebook_start = lambda notebook: [listen_in_slices(channel) for channel in
+                                                 (client.kc.shell_channel, client.kc.iopub_channel)]
     client.on_cell_executed = lambda cell, cell_index, execute_reply: nbformat.write(nb, notebook)
     client.execute()
     nbformat.write(nb, notebook)
