@@ -41,8 +41,9 @@ LIBRARY = Path(__file__).resolve().parents[1]
 # own timestamp is the cell's end): the wait on the socket missed the message's arrival.
 # `listen_in_slices` makes every wait look again each second, which finds such a message (a
 # notebook of 8 widget cells, executed 40 times in turn with and without it beside a `make test` on
-# the 2-core Xeon: 6 of 20 runs stalled without, none of 20 with); the bound below stays for a real hang. Those cells take under 2 s (1.9 s at most in two full runs):
-# a minute leaves a busy machine thirty times their time. Every other cell runs as long as it needs.
+# the 2-core Xeon: 6 of 20 runs stalled without, none of 20 with); the bound below stays for a
+# real hang. Those cells take under 2 s (1.9 s at most in two full runs): a minute leaves a busy
+# machine thirty times their time. Every other cell runs as long as it needs.
 WIDGET_CELL_TIMEOUT = 60
 
 
